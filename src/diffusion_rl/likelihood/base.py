@@ -1,0 +1,96 @@
+"""The estimator interface and the local random generators that draw masks.
+
+Masks come from a ``torch.Generator`` per row seeded from ``(rollout id, sample, inner iteration)``
+and never from the global seed, so the old and the new policy see identical masks, and a resumed run
+draws the same masks as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.registry import Registry
+
+LIKELIHOODS: Registry[type[LikelihoodEstimator]] = Registry("likelihood.name")
+
+_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _mix(*parts: int) -> int:
+    """A deterministic 63-bit hash of integers (splitmix64 steps); Python's hash() is salted."""
+    h = 0
+    for p in parts:
+        h = (h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * _MIX[1] & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 31)) * _MIX[2] & 0xFFFFFFFFFFFFFFFF
+        h = (h + _MIX[0]) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def mask_seeds(run_seed: int, rollout_id: int, num_samples: int, inner_iter: int) -> list[int]:
+    """One seed per sample of a rollout batch for one inner iteration."""
+    return [_mix(run_seed, rollout_id, j, inner_iter) for j in range(num_samples)]
+
+
+def rand_rows(seeds: list[int], width: int, device: torch.device | str = "cpu", k: int = 1) -> torch.Tensor:
+    """Uniform numbers ``(k, B, width)``: row ``b`` drawn from its own generator ``seeds[b]``.
+
+    Drawn on the CPU so the same seed gives the same mask on any device.
+    """
+    out = torch.empty(len(seeds), k, width)
+    for b, s in enumerate(seeds):
+        out[b] = torch.rand(k, width, generator=torch.Generator().manual_seed(s))
+    return out.transpose(0, 1).to(device)  # (k, B, width)
+
+
+@dataclass
+class LikelihoodConfig:
+    name: str = "one_step"
+    p_mask_prompt: float = 0.15  # probability of masking each prompt token (d1)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.p_mask_prompt < 1.0:
+            raise ConfigError("likelihood.p_mask_prompt", self.p_mask_prompt, "must be in [0, 1)")
+
+
+class LikelihoodEstimator(ABC):
+    """``(forward, prompt, completion, seeds) -> log-likelihood proxy``.
+
+    ``per_token`` estimators return ``(B, L)`` log-probs of completion tokens; sequence-level ones
+    return ``(B,)``.
+    """
+
+    config_class: type[LikelihoodConfig] = LikelihoodConfig
+    per_token: bool = True
+
+    def __init__(self, cfg: LikelihoodConfig, mask_id: int):
+        cfg.validate()
+        self.cfg = cfg
+        self.mask_id = mask_id
+
+    @abstractmethod
+    def __call__(
+        self,
+        forward,  # (ids, attention_mask) -> logits (B, T, V)
+        prompt_ids: torch.Tensor,  # (B, P)
+        prompt_mask: torch.Tensor,  # (B, P)
+        completion_ids: torch.Tensor,  # (B, L)
+        completion_mask: torch.Tensor,  # (B, L)
+        seeds: list[int],
+    ) -> torch.Tensor: ...
+
+
+def token_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] without materialising the full log-softmax. (B, L, V) -> (B, L)."""
+    logits = logits.float()
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def mask_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, u: torch.Tensor, p: float,
+                mask_id: int) -> torch.Tensor:
+    """Replace real prompt tokens where ``u < p`` by the mask token (padding stays padding)."""
+    hit = (u < p) & prompt_mask.bool()
+    return torch.where(hit, torch.full_like(prompt_ids, mask_id), prompt_ids)

@@ -1,0 +1,106 @@
+"""What every objective shares: the config, group-relative advantages, the step context, k3 KL.
+
+An objective turns one rollout batch into a scalar loss for one inner update. It asks its likelihood
+estimator for ``log pi_theta`` (with gradients) and ``log pi_old`` / ``log pi_ref`` (without), then
+calls a pure tensor loss function. Objectives know nothing of Lightning.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.registry import Registry
+
+OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
+
+Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = "grpo"
+    mu: int = 4  # inner updates per rollout batch
+    beta: float = 0.0  # weight of the k3 KL to the reference policy (0: no reference model)
+    scale_rewards: str = "none"  # "group": divide advantages by the group's std + 1e-4
+
+    def validate(self) -> None:
+        if self.mu < 1:
+            raise ConfigError("objective.mu", self.mu, "must be >= 1")
+        if self.beta < 0:
+            raise ConfigError("objective.beta", self.beta, "must be >= 0")
+        if self.scale_rewards not in ("none", "group"):
+            raise ConfigError("objective.scale_rewards", self.scale_rewards, "allowed: none, group")
+
+
+@dataclass
+class Rollout:
+    """One rollout batch; samples are prompt-major: rows ``g*G .. g*G+G-1`` share prompt ``g``."""
+
+    rollout_id: int
+    group_size: int
+    prompt_ids: torch.Tensor  # (N, P)
+    prompt_mask: torch.Tensor  # (N, P)
+    completion_ids: torch.Tensor  # (N, L)
+    completion_mask: torch.Tensor  # (N, L) 1 up to and including the first EOS
+    rewards: torch.Tensor  # (N,)
+    advantages: torch.Tensor  # (N,)
+    extras: dict[str, Any] = field(default_factory=dict)  # e.g. the recorded trajectory
+
+
+@dataclass
+class StepContext:
+    """What an objective may use for one inner update."""
+
+    rollout: Rollout
+    inner_iter: int
+    run_seed: int
+    policy: Forward  # with gradients
+    old_policy: Forward  # frozen behaviour policy
+    ref_policy: Forward | None  # frozen reference policy (beta > 0)
+    cache: dict[str, Any] = field(default_factory=dict)  # per-rollout memo shared across inner iters
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
+    """``A_j = r_j - mean_G(r)``; ``scale="group"`` divides by the group's std + 1e-4.
+
+    The std is the unbiased one (``torch.std``), as d1 and TRL compute it. (N,) -> (N,)
+    """
+    r = rewards.float().view(-1, group_size)  # (N/G, G)
+    adv = r - r.mean(-1, keepdim=True)
+    if scale == "group":
+        adv = adv / (r.std(-1, keepdim=True) + 1e-4)
+    return adv.reshape(-1)
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """The k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` (>= 0, unbiased for KL(pi || ref))."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp_min(1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
+
+
+class Objective(ABC):
+    """Subclasses register with ``@OBJECTIVES.register(name)`` and set ``config_class``."""
+
+    config_class: type[ObjectiveConfig] = ObjectiveConfig
+    needs_trajectory: bool = False  # ask the sampler to record per-step data (EGSPO)
+
+    def __init__(self, cfg: ObjectiveConfig, likelihood):
+        cfg.validate()
+        self.cfg = cfg
+        self.likelihood = likelihood
+
+    @abstractmethod
+    def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Scalar loss for one inner update and a dict of detached metrics (``/`` names)."""

@@ -1,0 +1,11 @@
+"""Rollout samplers for diffusion LMs."""
+
+from diffusion_rl.sampling.sampler import (
+    SampleOutput,
+    SamplerConfig,
+    StepRecorder,
+    generate,
+    num_transfer_tokens,
+)
+
+__all__ = ["SamplerConfig", "SampleOutput", "StepRecorder", "generate", "num_transfer_tokens"]

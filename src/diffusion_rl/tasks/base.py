@@ -1,0 +1,179 @@
+"""The task interface shared by every benchmark, and the LightningDataModule that serves prompts.
+
+A task turns raw items (dicts) into prompts, gold completions (for the warm start), rewards and
+evaluation metrics. Reward functions follow TRL's signature
+``fn(prompts: list[str], completions: list[str], **fields) -> list[float]`` where ``fields`` holds
+one list per item column; they never raise and return in bounded time. A task's composite reward is
+the weighted sum of its reward functions; a function that raises on one completion gives that
+completion ``failure_reward`` instead of killing the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.registry import Registry
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[..., list[float]]
+TASKS: Registry[type[Task]] = Registry("task.name")
+
+# The last <answer>...</answer> block wins; an unterminated final <answer> runs to the end.
+_ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+MAX_SCAN_CHARS = 100_000  # rewards look at most at the tail this long: bounded time on huge strings
+
+
+def extract_answer(text: str) -> str:
+    """The content of the last ``<answer>`` block, else the whole text (SPEC §5)."""
+    if not isinstance(text, str):
+        return ""
+    text = text[-MAX_SCAN_CHARS:]
+    last = text.rfind("<answer>")
+    if last < 0:
+        return text.strip()
+    m = _ANSWER_RE.match(text, last)
+    return m.group(1).strip() if m else ""
+
+
+@dataclass
+class TaskConfig:
+    """Fields every task shares. Task-specific configs subclass this."""
+
+    name: str = "sudoku"
+    group_size: int = 8  # G completions per prompt
+    prompts_per_batch: int = 16  # prompts per rollout batch (rollout batch = prompts x G)
+    num_test: int = 256  # held-out items used for evaluation
+    eval_batch_size: int = 128
+    data_path: str | None = None  # local file instead of generated / hub data
+    failure_reward: float = 0.0  # reward of a completion whose reward function raised
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError("task.group_size", self.group_size, "must be >= 2 (advantages are group-relative)")
+        if self.prompts_per_batch < 1:
+            raise ConfigError("task.prompts_per_batch", self.prompts_per_batch, "must be >= 1")
+        if self.num_test < 1:
+            raise ConfigError("task.num_test", self.num_test, "must be >= 1")
+        if self.eval_batch_size < 1:
+            raise ConfigError("task.eval_batch_size", self.eval_batch_size, "must be >= 1")
+
+
+class Task(ABC):
+    """One benchmark. Subclasses register with ``@TASKS.register("name")``."""
+
+    config_class: type[TaskConfig] = TaskConfig
+
+    def __init__(self, cfg: TaskConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self._warned: set[str] = set()
+
+    # ---- data ---------------------------------------------------------------------------
+    @abstractmethod
+    def train_items(self) -> list[dict[str, Any]]:
+        """Items for RL and the warm start; disjoint from :meth:`test_items`."""
+
+    @abstractmethod
+    def test_items(self) -> list[dict[str, Any]]:
+        """Held-out items for evaluation (at most ``cfg.num_test``)."""
+
+    @abstractmethod
+    def prompt(self, item: dict[str, Any]) -> str:
+        """The text the model is conditioned on."""
+
+    @abstractmethod
+    def target(self, item: dict[str, Any]) -> str:
+        """A gold completion in the task's answer format (warm start, reference policy)."""
+
+    # ---- rewards ------------------------------------------------------------------------
+    @abstractmethod
+    def reward_functions(self) -> list[tuple[str, RewardFn, float]]:
+        """``(name, fn, weight)`` triples; the composite reward is the weighted sum."""
+
+    def rewards(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> torch.Tensor:
+        """Composite reward per completion, shape ``(N,)``; a raising function costs one completion."""
+        prompts = [self.prompt(it) for it in items]
+        fields = {k: [it.get(k) for it in items] for k in items[0]} if items else {}
+        total = torch.zeros(len(completions), dtype=torch.float32)
+        for name, fn, weight in self.reward_functions():
+            try:
+                values = fn(prompts, list(completions), **fields)
+            except Exception:  # noqa: BLE001 - fall back to one call per completion
+                values = [self._one_reward(name, fn, p, c, it) for p, c, it in zip(prompts, completions, items)]
+            total += weight * torch.tensor(values, dtype=torch.float32)
+        return total
+
+    def _one_reward(self, name: str, fn: RewardFn, prompt: str, completion: str, item: dict) -> float:
+        try:
+            return float(fn([prompt], [completion], **{k: [v] for k, v in item.items()})[0])
+        except Exception as err:  # noqa: BLE001 - a reward bug must not kill a long run
+            if name not in self._warned:
+                self._warned.add(name)
+                log.warning("reward %s raised %r on completion %r; using failure_reward", name, err, completion[:200])
+            return self.cfg.failure_reward
+
+    @abstractmethod
+    def metrics(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """Evaluation metrics averaged over items (e.g. ``cell_accuracy``, ``solved_rate``)."""
+
+
+class _Items(Dataset):
+    def __init__(self, items: list[dict[str, Any]]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+
+def _collate(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return batch  # items stay dicts; the module tokenises prompts itself
+
+
+class TaskDataModule(L.LightningDataModule):
+    """Serves batches of ``prompts_per_batch`` training items (shuffled by a seeded generator)."""
+
+    def __init__(self, task: Task):
+        super().__init__()
+        self.task = task
+        self._train: list[dict[str, Any]] | None = None
+        self._test: list[dict[str, Any]] | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._train is None:
+            self._train = self.task.train_items()
+            self._test = self.task.test_items()
+            if not self._train:
+                raise ConfigError("task", self.task.cfg.name, "has no training items")
+
+    def train_dataloader(self) -> DataLoader:
+        assert self._train is not None
+        gen = torch.Generator().manual_seed(self.task.cfg.seed)
+        return DataLoader(
+            _Items(self._train),
+            batch_size=self.task.cfg.prompts_per_batch,
+            shuffle=True,
+            drop_last=len(self._train) >= self.task.cfg.prompts_per_batch,
+            generator=gen,
+            collate_fn=_collate,
+        )
+
+    def test_items(self) -> list[dict[str, Any]]:
+        self.setup()
+        assert self._test is not None
+        return self._test
+

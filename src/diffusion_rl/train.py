@@ -1,0 +1,179 @@
+"""``train(cfg)``: warm start, evaluate, RL with Lightning, evaluate again, write the summary.
+
+The Hydra entry point ``src/train.py`` composes the config and calls this; tests call it directly
+with a composed config. Returns the summary dict (also written to ``<run_dir>/summary.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from diffusion_rl.config import from_dict
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.likelihood import LIKELIHOODS
+from diffusion_rl.models.policy import ModelConfig, PolicyBundle, build_policy
+from diffusion_rl.objectives import OBJECTIVES, Objective
+from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.tasks import TASKS, Task, TaskDataModule
+from diffusion_rl.training.diagnostics import DiagnosticsConfig
+from diffusion_rl.training.evaluation import evaluate
+from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
+from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 120  # optimizer steps
+    accelerator: str = "auto"
+    devices: Any = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    checkpoint_every_n_steps: int = 50
+    enable_progress_bar: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # passed to lightning.Trainer as is
+
+    def validate(self) -> None:
+        if self.max_steps < 1:
+            raise ConfigError("trainer.max_steps", self.max_steps, "must be >= 1")
+        if self.checkpoint_every_n_steps < 0:
+            raise ConfigError("trainer.checkpoint_every_n_steps", self.checkpoint_every_n_steps, "must be >= 0 (0 = only last)")
+
+
+@dataclass
+class EvalConfig:
+    before: bool = True
+    after: bool = True
+    batch_size: int = 256
+
+
+@dataclass
+class Components:
+    task: Task
+    bundle: PolicyBundle
+    objective: Objective
+    sampler: SamplerConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    warmstart: WarmStartConfig
+    diagnostics: DiagnosticsConfig
+    eval: EvalConfig
+
+
+def build_task(task_cfg: Any) -> Task:
+    cls = TASKS.get(task_cfg["name"])
+    return cls(from_dict(cls.config_class, task_cfg, "task"))
+
+
+def build(cfg: DictConfig) -> Components:
+    """Validate every config group and build the pieces; any bad value fails here, before work starts."""
+    task = build_task(cfg.task)
+    model_cfg = from_dict(ModelConfig, cfg.model, "model")
+    lik_cls = LIKELIHOODS.get(cfg.likelihood.name)
+    lik_cfg = from_dict(lik_cls.config_class, cfg.likelihood, "likelihood")
+    obj_cls = OBJECTIVES.get(cfg.objective.name)
+    obj_cfg = from_dict(obj_cls.config_class, cfg.objective, "objective")
+    sampler = from_dict(SamplerConfig, cfg.sampler, "sampler")
+    optim = from_dict(OptimConfig, cfg.optim, "optim")
+    trainer = from_dict(TrainerConfig, cfg.trainer, "trainer")
+    ws = from_dict(WarmStartConfig, cfg.warmstart, "warmstart")
+    diag = from_dict(DiagnosticsConfig, cfg.diagnostics, "diagnostics")
+    ev = from_dict(EvalConfig, cfg.eval, "eval")
+    bundle = build_policy(model_cfg)
+    objective = obj_cls(obj_cfg, lik_cls(lik_cfg, bundle.mask_token_id))
+    return Components(task, bundle, objective, sampler, optim, trainer, ws, diag, ev)
+
+
+def make_loggers(cfg: DictConfig, run_dir: Path) -> list:
+    names = list(cfg.logger.get("names", ["csv"]))
+    loggers = []
+    for name in names:
+        if name == "csv":
+            loggers.append(L.pytorch.loggers.CSVLogger(run_dir, name="", version=""))
+        elif name == "tensorboard":
+            loggers.append(L.pytorch.loggers.TensorBoardLogger(run_dir, name="tb", version=""))
+        else:
+            raise ConfigError("logger.names", name, "allowed: csv, tensorboard")
+    return loggers
+
+
+def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    c = build(cfg)
+    progress = c.trainer.enable_progress_bar
+    key_parts = {"model": OmegaConf.to_container(cfg.model, resolve=True),
+                 "task": {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items()
+                          if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")},
+                 "seed": cfg.seed}
+    provenance = None
+    if c.warmstart.enabled:
+        provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.warmstart, key_parts,
+                                cfg.paths.cache_dir, progress)
+    datamodule = TaskDataModule(c.task)
+    datamodule.setup()
+    test_items = datamodule.test_items()
+    summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance,
+                               "config": OmegaConf.to_container(cfg, resolve=True)}
+    if c.eval.before:
+        summary["before"], _ = evaluate(c.bundle, c.task, test_items, c.sampler, c.eval.batch_size,
+                                        "evaluating before RL" if progress else None)
+    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, c.diagnostics, cfg.seed)
+    ckpt_cb = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", save_last=True, save_top_k=-1 if c.trainer.checkpoint_every_n_steps else 0,
+        every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
+        auto_insert_metric_name=False,
+    )
+    trainer = L.Trainer(
+        max_steps=c.trainer.max_steps, max_epochs=-1, accelerator=c.trainer.accelerator, devices=c.trainer.devices,
+        strategy=c.trainer.strategy, precision=c.trainer.precision, logger=make_loggers(cfg, run_dir),
+        callbacks=[ckpt_cb], enable_progress_bar=progress, enable_model_summary=False,
+        default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **c.trainer.extra,
+    )
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    if c.eval.after:
+        summary["after"], records = evaluate(c.bundle, c.task, test_items, c.sampler, c.eval.batch_size,
+                                             "evaluating after RL" if progress else None)
+        with open(run_dir / "eval_generations.jsonl", "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
+                    "skipped_updates": module.skipped_updates, "grad": module.tracker.summary(),
+                    "wall_s": time.perf_counter() - t_start})
+    with open(run_dir / "summary.json", "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A short human-readable report of a finished run."""
+    lines = ["", "=" * 60, "RL run summary"]
+    for phase in ("before", "after"):
+        if phase in summary:
+            vals = ", ".join(f"{k}={v:.4f}" for k, v in summary[phase].items())
+            lines.append(f"  held-out {phase:6s} RL: {vals}")
+    g = summary.get("grad", {})
+    fmt = (lambda x: f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else str(x))
+    lines.append(f"  optimizer steps: {summary.get('optimizer_steps')}  rollouts: {summary.get('rollouts')}"
+                 f"  skipped updates: {summary.get('skipped_updates')}")
+    lines.append(f"  grad norm (pre-clip): mean={fmt(g.get('grad_norm_mean'))} max={fmt(g.get('grad_norm_max'))}"
+                 f" spikes={g.get('grad_spikes')}")
+    lines.append(f"  wall time: {summary.get('wall_s', 0):.1f} s")
+    lines.append(f"  run folder: {summary.get('run_dir')}")
+    lines.append("=" * 60)
+    return "\n".join(lines)
+
+
+__all__ = ["train", "build", "format_summary", "Components", "TrainerConfig", "EvalConfig", "asdict"]

@@ -1,0 +1,1 @@
+"""Orchestration: the LightningModule, the warm start, diagnostics and evaluation."""

@@ -1,0 +1,33 @@
+"""Train a diffusion LM with RL: ``python src/train.py objective=grpo task=sudoku``.
+
+Thin Hydra app around :func:`diffusion_rl.train.train`. Shorten a run with ``trainer.max_steps=4``,
+place it with ``hydra.run.dir=...``, resume with ``ckpt_path=...``, sweep with ``-m``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from diffusion_rl.cli import exit_on_config_error
+    from diffusion_rl.train import format_summary, train
+
+    with exit_on_config_error():
+        summary = train(cfg, HydraConfig.get().runtime.output_dir)
+    print(format_summary(summary))
+    after = summary.get("after") or {}
+    return next(iter(after.values()), None)  # the metric a sweeper optimises
+
+
+if __name__ == "__main__":
+    from diffusion_rl.cli import run_hydra_app
+
+    run_hydra_app(main, CONF)

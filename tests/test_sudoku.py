@@ -1,0 +1,344 @@
+"""Tests for the 4x4 Sudoku task: grids, puzzle uniqueness, the split, rewards, metrics, CSV, config."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.tasks import TASKS
+from diffusion_rl.tasks.sudoku import (
+    SudokuConfig,
+    SudokuTask,
+    all_solution_grids,
+    count_solutions,
+    is_valid_solution,
+    load_sudoku_csv,
+    make_puzzle,
+    parse_answer,
+    split_grids,
+    sudoku_cell_reward,
+    sudoku_metrics,
+)
+
+GRID = "3142243142131324"  # the README example's solution
+PUZZLE = "3102200002100320"  # its puzzle: 8 empty cells
+
+
+def _brute_force_count(puzzle: str, limit: int = 2) -> int:
+    """Independent solver: fill empty cells by backtracking, checking rows/cols/boxes directly."""
+    cells = list(puzzle)
+
+    def ok(i: int, d: str) -> bool:
+        r, c = divmod(i, 4)
+        box = [4 * (r // 2 * 2 + a) + c // 2 * 2 + b for a in range(2) for b in range(2)]
+        peers = {4 * r + k for k in range(4)} | {4 * k + c for k in range(4)} | set(box)
+        return all(cells[j] != d for j in peers if j != i)
+
+    if any(c not in "01234" for c in cells) or any(
+        cells[i] != "0" and not ok(i, cells[i]) for i in range(16)
+    ):
+        return 0
+
+    def solve(i: int) -> int:
+        if i == 16:
+            return 1
+        if cells[i] != "0":
+            return solve(i + 1)
+        n = 0
+        for d in "1234":
+            if ok(i, d):
+                cells[i] = d
+                n += solve(i + 1)
+                cells[i] = "0"
+                if n >= limit:
+                    break
+        return n
+
+    return min(solve(0), limit)
+
+
+def _task(**kw) -> SudokuTask:
+    return SudokuTask(SudokuConfig(**kw))
+
+
+# ---- grids and puzzles -------------------------------------------------------------------------
+def test_exactly_288_distinct_valid_grids():
+    grids = all_solution_grids()
+    assert len(grids) == 288
+    assert len(set(grids)) == 288
+    assert all(is_valid_solution(g) for g in grids)
+    assert grids == sorted(grids)  # deterministic order
+    # Brute force over all row permutations agrees on the set.
+    rows = ["".join(p) for p in itertools.permutations("1234")]
+    brute = {"".join(r) for r in itertools.product(rows, repeat=4) if is_valid_solution("".join(r))}
+    assert brute == set(grids)
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        "1234123412341234",
+        "314224314213132",
+        "31422431421313244",
+        "3142243142131325",
+        "314224314213132x",
+        "0142243142131324",
+    ],
+)
+def test_invalid_grids_rejected(grid):
+    assert not is_valid_solution(grid)
+
+
+def test_count_solutions_agrees_with_brute_force():
+    rng = random.Random(1)
+    grids = all_solution_grids()
+    puzzles = ["0" * 16, PUZZLE, "1100000000000000", "5000000000000000"]
+    for _ in range(300):
+        g = rng.choice(grids)
+        puzzles.append("".join(c if rng.random() < 0.3 else "0" for c in g))
+    for p in puzzles:
+        for limit in (1, 2, 5):
+            assert count_solutions(p, limit) == _brute_force_count(p, limit), (p, limit)
+    assert count_solutions("0" * 16, limit=1000) == 288
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_generated_puzzles_unique_and_in_range(seed):
+    rng = random.Random(seed)
+    grids = all_solution_grids()
+    for _ in range(100):
+        g = rng.choice(grids)
+        p = make_puzzle(g, rng, 4, 10)
+        givens = 16 - p.count("0")
+        assert 4 <= givens <= 10
+        assert all(c == "0" or c == s for c, s in zip(p, g, strict=True))
+        assert _brute_force_count(p) == 1
+        assert _brute_force_count(p, limit=1) == 1
+        # The unique completion is the source grid: filling empty cells with it is the only answer.
+        assert sum(all(c in ("0", x) for c, x in zip(p, h, strict=True)) for h in grids) == 1
+
+
+def test_make_puzzle_stops_at_minimal_when_target_unreachable():
+    rng = random.Random(0)
+    p = make_puzzle(GRID, rng, 0, 0)
+    assert count_solutions(p) == 1
+    # Minimal: blanking any remaining given breaks uniqueness.
+    for i, c in enumerate(p):
+        if c != "0":
+            assert count_solutions(p[:i] + "0" + p[i + 1 :]) == 2
+
+
+def test_make_puzzle_full_givens_keeps_grid():
+    assert make_puzzle(GRID, random.Random(0), 16, 16) == GRID
+
+
+# ---- split and task items ----------------------------------------------------------------------
+@pytest.mark.parametrize("seed,frac", [(0, 0.2), (7, 0.5), (3, 0.01)])
+def test_split_disjoint_and_covering(seed, frac):
+    train, test = split_grids(seed, frac)
+    assert not set(train) & set(test)
+    assert set(train) | set(test) == set(all_solution_grids())
+    assert len(train) + len(test) == 288
+    assert len(test) == max(1, round(frac * 288))
+    assert split_grids(seed, frac) == (train, test)  # seeded
+    assert split_grids(seed + 1, frac) != (train, test)
+
+
+def test_task_train_test_disjoint_by_solution_grid():
+    task = TASKS.get("sudoku")(SudokuConfig(num_train=500, num_test=64, seed=3))
+    train, test = task.train_items(), task.test_items()
+    assert len(train) == 500 and len(test) == 64
+    assert not {it["solution"] for it in train} & {it["solution"] for it in test}
+    assert len({it["puzzle"] for it in test}) == 64  # distinct test puzzles
+    for it in train + test:
+        assert count_solutions(it["puzzle"]) == 1
+        assert is_valid_solution(it["solution"])
+    assert task.train_items() == train  # deterministic
+    assert _task(num_train=500, num_test=64, seed=4).train_items() != train
+
+
+def test_task_prompt_target_and_rewards():
+    task = _task()
+    item = {"puzzle": PUZZLE, "solution": GRID}
+    assert task.prompt(item) == "3102200002100320="
+    assert task.target(item) == GRID
+    rewards = task.rewards([GRID, "", f"<answer>{GRID}</answer>"], [item] * 3)
+    assert rewards.tolist() == [1.0, 0.0, 1.0]
+    assert [name for name, _, _ in task.reward_functions()] == ["cell"]
+
+
+def test_generation_is_fast():
+    start = time.perf_counter()
+    _task(num_train=4096).train_items()
+    assert time.perf_counter() - start < 3.0
+
+
+def _write_csv(path, rows, header="Puzzle,Solution"):
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    return path
+
+
+def test_data_path_excludes_csv_solutions_from_training(tmp_path):
+    rng = random.Random(5)
+    held = rng.sample(all_solution_grids(), 40)
+    rows = [f"{make_puzzle(g, rng, 4, 8)},{g}" for g in held]
+    path = _write_csv(tmp_path / "test.csv", rows)
+    task = _task(data_path=str(path), num_test=30, num_train=2000)
+    test = task.test_items()
+    assert [it["solution"] for it in test] == held[:30]  # the CSV's first num_test rows
+    train_solutions = {it["solution"] for it in task.train_items()}
+    assert not train_solutions & set(held)  # all CSV solutions excluded, not only the first 30
+    assert set(task.train_grids()) == set(all_solution_grids()) - set(held)
+
+
+# ---- answer parsing and reward -----------------------------------------------------------------
+def _reward(completion, puzzle=PUZZLE, solution=GRID) -> float:
+    return sudoku_cell_reward(["p"], [completion], puzzle=[puzzle], solution=[solution])[0]
+
+
+def test_reward_hand_built_cases():
+    puzzle, solution = "1234341221430000", "1234341221434321"
+    assert _reward("1234341221434321", puzzle, solution) == 1.0
+    assert _reward("1234341221434300", puzzle, solution) == 0.5  # 2 of 4 empty cells right
+    assert _reward("0000000000004000", puzzle, solution) == 0.25  # givens need not be repeated
+    assert _reward("1234341221431234", puzzle, solution) == 0.0
+    assert _reward("anything", solution, solution) == 1.0  # no empty cell
+    # README example: 8 empty cells (2, 5, 6, 7, 8, 11, 12, 15); this answer fills 2 and 5 right.
+    answer = "3142" + "2400" + "0000" + "0000"
+    assert _reward(answer) == pytest.approx(2 / 8)
+
+
+def test_reward_adversarial_strings():
+    full = 1.0
+    assert _reward("") == 0.0
+    assert _reward("no tags, no digits") == 0.0
+    assert _reward(GRID) == full  # no tags: the whole completion
+    assert _reward(f"reasoning 9 9 <answer>{GRID}</answer>") == full
+    assert _reward(" ".join(GRID)) == full  # non-digits dropped
+    assert _reward("3,1,4,2|2,4,3,1\n4,2,1,3;1,3,2,4") == full
+    assert (
+        _reward("３１４２２４３１４２１３１３２４") == 0.0
+    )  # full-width digits are not digits here
+    assert _reward("٣١٤٢٢٤٣١٤٢١٣١٣٢٤") == 0.0  # Arabic-Indic digits
+    assert _reward("３" + GRID) == full  # a unicode digit is dropped, not counted
+    assert _reward(f"<answer>0000000000000000</answer><answer>{GRID}</answer>") == full
+    assert _reward(f"<answer>{GRID}</answer>" * 1000 + "<answer>0000000000000000</answer>") == 0.0
+    assert _reward(f"<answer>1111</answer> <answer>{GRID}") == full  # unterminated last block
+    assert _reward(GRID + "9999") == full  # truncated to 16
+    assert _reward(None) == 0.0  # type: ignore[arg-type]
+
+
+def test_reward_bounded_time_on_huge_strings():
+    for huge in ("x" * 10**6, "7" * 10**6, "<answer>" * 125_000, "９" * 10**6, GRID + "a" * 10**6):
+        start = time.perf_counter()
+        value = _reward(huge)
+        assert time.perf_counter() - start < 1.0
+        assert 0.0 <= value <= 1.0
+    assert _reward("a" * 10**6 + GRID) == 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.sampled_from(all_solution_grids()), st.integers(0, 2**16 - 1))
+def test_reward_never_raises_and_in_unit_interval(text, grid, blank_bits):
+    puzzle = "".join("0" if blank_bits >> i & 1 else c for i, c in enumerate(grid))
+    value = _reward(text, puzzle, grid)
+    assert 0.0 <= value <= 1.0
+    assert len(parse_answer(text)) == 16
+    assert set(parse_answer(text)) <= set("0123456789")
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+def test_valid_rate_accepts_alternative_solution():
+    puzzle = "0" * 8 + GRID[8:]  # the top half is ambiguous
+    alternatives = [g for g in all_solution_grids() if g[8:] == GRID[8:] and g != GRID]
+    assert count_solutions(puzzle) == 2 and len(alternatives) >= 1
+    alt = alternatives[0]
+    broken = alt[:8] + ("1" if alt[8] != "1" else "2") + alt[9:]  # breaks a given
+    m = sudoku_metrics([alt, GRID, broken, ""], [puzzle] * 4, [GRID] * 4)
+    assert m["valid_rate"] == 0.5  # alt and GRID
+    assert m["solved_rate"] == 0.25  # only GRID matches the reference
+    expected_alt = sum(a == s for a, s in zip(alt[:8], GRID[:8], strict=True)) / 8
+    assert m["cell_accuracy"] == pytest.approx((expected_alt + 1.0 + expected_alt + 0.0) / 4)
+    assert sudoku_metrics([], [], []) == {
+        "cell_accuracy": 0.0,
+        "solved_rate": 0.0,
+        "valid_rate": 0.0,
+    }
+
+
+def test_task_metrics_uses_items():
+    task = _task()
+    m = task.metrics([GRID, "x"], [{"puzzle": PUZZLE, "solution": GRID}] * 2)
+    assert m == {"cell_accuracy": 0.5, "solved_rate": 0.5, "valid_rate": 0.5}
+
+
+# ---- CSV loader --------------------------------------------------------------------------------
+def test_csv_loader_reads_good_file_with_bom_and_whitespace(tmp_path):
+    path = tmp_path / "s.csv"
+    text = "\ufeffPuzzle,Solution\r\n 3102200002100320 , 3142243142131324 \r\n\r\n0000341221434321,1234341221434321\r\n"
+    path.write_bytes(text.encode("utf-8"))
+    assert load_sudoku_csv(path) == [
+        {"puzzle": PUZZLE, "solution": GRID},
+        {"puzzle": "0000341221434321", "solution": "1234341221434321"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        "310220000210032,3142243142131324",
+        "31022000021003x0,3142243142131324",
+        "3102200002100320,3142243142131325",
+        "3102200002100320",
+        "4102200002100320,3142243142131324",
+        "3102200002100320,3142243142131324,1",
+    ],
+)
+def test_csv_loader_rejects_bad_row_with_line_number(tmp_path, bad_row):
+    path = _write_csv(tmp_path / "bad.csv", [f"{PUZZLE},{GRID}", bad_row])
+    with pytest.raises(ValueError, match=r"bad\.csv, line 3"):
+        load_sudoku_csv(path)
+
+
+def test_csv_loader_rejects_wrong_header(tmp_path):
+    path = _write_csv(tmp_path / "h.csv", [f"{PUZZLE},{GRID}"], header="question,answer")
+    with pytest.raises(ValueError, match="line 1"):
+        load_sudoku_csv(path)
+
+
+def test_csv_loader_missing_file_names_path(tmp_path):
+    missing = tmp_path / "nope" / "sudoku.csv"
+    with pytest.raises(FileNotFoundError, match="nope/sudoku.csv"):
+        load_sudoku_csv(missing)
+    with pytest.raises(FileNotFoundError, match="sudoku.csv"):
+        _task(data_path=str(missing)).test_items()
+
+
+# ---- config ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"group_size": 1}, "task.group_size"),
+        ({"min_givens": 8, "max_givens": 6}, "task.max_givens"),
+        ({"min_givens": -1}, "task.min_givens"),
+        ({"max_givens": 17}, "task.max_givens"),
+        ({"num_train": 0}, "task.num_train"),
+        ({"test_fraction": 1.0}, "task.test_fraction"),
+    ],
+)
+def test_config_validation(kw, key):
+    with pytest.raises(ConfigError) as err:
+        _task(**kw)
+    assert err.value.key == key
+
+
+def test_registered_and_default_config_valid():
+    assert TASKS.get("sudoku") is SudokuTask
+    assert SudokuTask.config_class is SudokuConfig
+    SudokuConfig().validate()
