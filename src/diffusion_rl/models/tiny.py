@@ -27,6 +27,7 @@ class TinyConfig:
     block_size: int = 0  # 0: full bidirectional attention; >0: block-causal
     rope_base: float = 10000.0
     init_std: float = 0.02  # small embeddings: at unit scale the model sits at chance (SPEC §8)
+    learned_positions: bool = False  # add learned absolute position embeddings to rotary ones
 
 
 @dataclass
@@ -93,6 +94,7 @@ class TinyDiffusionLM(nn.Module):
             raise ValueError(f"d_model={cfg.d_model} must be divisible by n_heads={cfg.n_heads}")
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.learned_positions else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -125,6 +127,8 @@ class TinyDiffusionLM(nn.Module):
         if mask is not None and mask.shape[0] == 1 and mask.shape[-2] == 1:
             mask = None if bool(mask.all()) else mask
         x = self.embed(input_ids)  # (B, L, D)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(position_ids.clamp(max=self.config.max_len - 1))
         for blk in self.blocks:
             x = blk(x, position_ids, mask)
         return TinyOutput(logits=self.head(self.norm(x)).float())

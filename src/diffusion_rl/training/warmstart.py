@@ -54,8 +54,12 @@ def encode_targets(tokenizer, targets: list[str], gen_length: int, eos_id: int) 
 
 
 def masked_diffusion_loss(forward, prompt_ids, prompt_mask, target_ids, mask_id: int,
-                          generator: torch.Generator, t_min: float = 1e-3) -> torch.Tensor:
-    """LLaDA's SFT loss: mask each target token w.p. ``t ~ U(t_min, 1)``, CE on masked tokens / t / L."""
+                          generator: torch.Generator, t_min: float = 1e-3, weighting: str = "inverse_t") -> torch.Tensor:
+    """Mask each target token w.p. ``t ~ U(t_min, 1)``; cross-entropy on the masked tokens.
+
+    ``weighting="inverse_t"`` is LLaDA's SFT loss (sum / t / L, the ELBO); ``"mean"`` averages over
+    the masked tokens, which avoids the 1/t variance at small t and trains faster at this scale.
+    """
     B, L = target_ids.shape
     t = t_min + (1 - t_min) * torch.rand(B, 1, generator=generator)  # (B, 1)
     hit = torch.rand(B, L, generator=generator) < t  # (B, L)
@@ -64,6 +68,8 @@ def masked_diffusion_loss(forward, prompt_ids, prompt_mask, target_ids, mask_id:
     attn = torch.cat([prompt_mask, torch.ones_like(target_ids)], 1)
     logits = forward(ids, attn)[:, prompt_ids.shape[1]:]  # (B, L, V)
     ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target_ids, reduction="none")  # (B, L)
+    if weighting == "mean":
+        return (ce * hit).sum() / hit.sum().clamp_min(1)
     return ((ce * hit / t).sum(-1) / L).mean()
 
 

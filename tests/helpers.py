@@ -1,0 +1,27 @@
+"""Config composition for tests: the real conf/ tree, shrunk to seconds on a CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+# A run small enough for the default test tier: a 2-layer d=32 model, 2 prompts x 4 samples.
+TINY = [
+    "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+    "task.num_train=64", "task.num_test=8", "task.prompts_per_batch=2", "task.group_size=4",
+    "warmstart.steps=3", "warmstart.batch_size=8", "warmstart.cache=false",
+    "sampler.steps=4", "trainer.max_steps=4", "trainer.enable_progress_bar=false",
+    "trainer.checkpoint_every_n_steps=2", "eval.batch_size=8",
+]
+
+
+def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(
+            config_name="config",
+            overrides=(TINY if tiny else []) + [f"paths.cache_dir={tmp_path / 'cache'}"] + overrides,
+        )
