@@ -101,6 +101,18 @@ class Objective(ABC):
         self.cfg = cfg
         self.likelihood = likelihood
 
+    def make_recorder(self):
+        """A :class:`~diffusion_rl.sampling.StepRecorder` for the rollout, or None (the default)."""
+        return None
+
+    def on_rollout(self, rollout: Rollout, recorder, task) -> dict[str, float]:
+        """Called once per rollout after rewards and advantages are set, with the recorder used.
+
+        Objectives that need more than final rewards (EGSPO-SA scores greedy completions) put it
+        into ``rollout.extras`` here. Returns extra metrics to log.
+        """
+        return {}
+
     @abstractmethod
     def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss for one inner update and a dict of detached metrics (``/`` names)."""

@@ -69,6 +69,17 @@ class EntropyMeter:
         return self.total / max(self.count, 1)
 
 
+class Recorders:
+    """Fan one sampler's steps out to several recorders."""
+
+    def __init__(self, *recorders) -> None:
+        self.recorders = recorders
+
+    def on_step(self, *args) -> None:
+        for r in self.recorders:
+            r.on_step(*args)
+
+
 class DiffusionRLModule(L.LightningModule):
     def __init__(self, bundle: PolicyBundle, task, objective: Objective, sampler: SamplerConfig,
                  optim: OptimConfig, diagnostics: DiagnosticsConfig | None = None, seed: int = 0):
@@ -117,7 +128,9 @@ class DiffusionRLModule(L.LightningModule):
         ids, mask = encode_prompts(self.bundle.tokenizer, prompts, self.device)
         gen = torch.Generator(device=self.device).manual_seed(_mix(self.seed, self.rollout_count, 0xA11))
         meter = EntropyMeter()
-        out = generate(logits_fn(self.old_policy), ids, mask, self.sampler_cfg, self.bundle.mask_token_id, gen, meter)
+        recorder = self.objective.make_recorder()
+        out = generate(logits_fn(self.old_policy), ids, mask, self.sampler_cfg, self.bundle.mask_token_id, gen,
+                       Recorders(meter, recorder) if recorder is not None else meter)
         comp_mask = completion_mask(out.completion, self.bundle.eos_token_id)
         texts = decode_completions(self.bundle.tokenizer, out.completion, self.bundle.eos_token_id)
         rewards = self.task.rewards(texts, group_items).to(self.device)
@@ -126,6 +139,7 @@ class DiffusionRLModule(L.LightningModule):
         ro = Rollout(self.rollout_count, G, ids, mask, out.completion, comp_mask, rewards, adv,
                      extras={"texts": texts, "items": group_items})
         self.rollout_count += 1
+        extra = self.objective.on_rollout(ro, recorder, self.task)
         group_std = rewards.view(-1, G).std(-1)
         metrics = {
             "train/reward": rewards.mean().item(),
@@ -135,6 +149,7 @@ class DiffusionRLModule(L.LightningModule):
             "train/entropy": meter.value,
             "time/rollout_s": t_roll,
             "throughput/tokens_per_s": out.completion.numel() / max(t_roll, 1e-9),
+            **extra,
         }
         return ro, metrics
 
