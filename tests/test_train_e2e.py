@@ -54,14 +54,12 @@ def test_nonfinite_loss_skips_update_and_keeps_weights(tmp_path):
 
     module = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, c.diagnostics, 0)
 
-    class NaNObjective:
-        cfg = c.objective.cfg
-
+    class NaNObjective(type(c.objective)):
         def loss(self, ctx):
             logp = ctx.policy(ctx.rollout.prompt_ids, ctx.rollout.prompt_mask).sum()
             return logp * float("nan"), {}
 
-    module.objective = NaNObjective()
+    module.objective = NaNObjective(c.objective.cfg, c.objective.likelihood)
     import lightning as L
 
     trainer = L.Trainer(max_steps=2, max_epochs=1, limit_train_batches=3, logger=False, enable_checkpointing=False,
