@@ -1,6 +1,9 @@
 """Likelihood estimators: how ``log pi(x | q)`` of a diffusion LM is approximated (SPEC §3)."""
 
-from diffusion_rl.likelihood import one_step  # noqa: F401  (registers "one_step")
+from diffusion_rl.likelihood import (
+    elbo,  # noqa: F401  (registers "elbo")
+    one_step,  # noqa: F401  (registers "one_step")
+)
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,

@@ -1,0 +1,184 @@
+"""StableDRL: unconditional clipping plus per-group self-normalisation of ELBO ratios (SPEC §4).
+
+Per sequence ``j`` of a prompt's group of ``G``::
+
+    l_j  = sg(ELBO_theta(x_j) - ELBO_old(x_j))              log importance ratio
+    lt_j = clamp(l_j, lo, hi)                                whatever the sign of A_j
+    w_j  = exp(lt_j - logsumexp_k lt_k)                       normalize=self (softmax in the group)
+         = exp(lt_j) / G                                      normalize=group_size (ablation)
+    loss = mean over groups of  -sum_j w_j * A_j * ELBO_theta(x_j)
+
+``clip=paper`` (default): ``hi = log(1 + eps)``, ``lo = log(1 - eps)`` if ``eps < 1`` else none;
+``clip=cap`` (the public code): ``hi = log(eps)``, no lower bound; ``clip=none``. The weights are
+detached, so the gradient ``-sum_j w_j A_j grad ELBO_theta(x_j)`` is a convex combination of the
+per-sample terms.
+
+Source: the StableDRL paper ("clip + self-normalisation", eps = 5) and its public code, which builds
+on SPG's trainer (``use_snis``, ``ais_clip_iw``, SPG's masking and ELBO/EUBO code). Deviations, as
+read from a public SPG-based implementation of it (not verified against every release):
+
+- the softmax runs inside each prompt's group, never across the batch (that implementation
+  normalises over the whole local batch);
+- ``share_masks_with_old=true`` (default) evaluates the old and the new ELBO on identical masks
+  (seeds ``mask_seeds(run_seed, rollout, j, inner_iter)``), so ``l_j = 0`` exactly at
+  ``theta = theta_old``; ``false`` draws fresh masks for the new policy (seeds from the inner
+  iteration plus a salt), the public code's regime of largest ratio noise. That code computes the
+  old ELBO once per rollout; here it is recomputed (no grad) every inner iteration on that
+  iteration's masks;
+- ``surrogate=spg_mix`` (SPG's ``logp_estimation=mix``): for ``A_j <= 0`` the loss uses
+  ``(1 - mix_weight) * ELBO + mix_weight * EUBO`` of the same masks (``eubo_beta = 1.5``); the
+  weights always come from the ELBO ratio, as there. Both bounds are per-token averages in that
+  code, so spg_mix requires ``likelihood.weighting=mean``;
+- no KL term: ``beta`` must be 0 (the SPG / StableDRL scripts run with ``beta = 0``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.likelihood.base import mask_seeds
+from diffusion_rl.likelihood.elbo import ELBOEstimator, elbo_from_logps, eubo_from_logps
+from diffusion_rl.objectives.base import OBJECTIVES, Objective, ObjectiveConfig, StepContext
+
+_FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share=false)
+_LOG_W_MAX = 80.0  # exp(80) ~ 5.5e34: keeps the unnormalised group_size weights finite in float32
+
+
+@dataclass
+class StableDRLConfig(ObjectiveConfig):
+    name: str = "stabledrl"
+    mu: int = 2  # the paper's inner updates per rollout batch
+    eps: float = 5.0  # the paper's best trade-off; 100 or 1000 bring the collapse back
+    clip: str = "paper"  # paper | cap | none
+    normalize: str = "self"  # self | group_size
+    share_masks_with_old: bool = True  # false: fresh masks for the new policy (the public code)
+    surrogate: str = "elbo"  # elbo | spg_mix
+    eubo_beta: float = 1.5  # spg_mix only
+    mix_weight: float = 0.5  # spg_mix only: weight of the EUBO for A <= 0
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.eps > 0:
+            raise ConfigError("objective.eps", self.eps, "must be > 0")
+        if self.clip not in ("paper", "cap", "none"):
+            raise ConfigError("objective.clip", self.clip, "allowed: paper, cap, none")
+        if self.normalize not in ("self", "group_size"):
+            raise ConfigError("objective.normalize", self.normalize, "allowed: self, group_size")
+        if self.surrogate not in ("elbo", "spg_mix"):
+            raise ConfigError("objective.surrogate", self.surrogate, "allowed: elbo, spg_mix")
+        if not self.eubo_beta > 0:
+            raise ConfigError("objective.eubo_beta", self.eubo_beta, "must be > 0")
+        if not 0 <= self.mix_weight <= 1:
+            raise ConfigError("objective.mix_weight", self.mix_weight, "must be in [0, 1]")
+        if self.beta != 0:
+            raise ConfigError("objective.beta", self.beta, "must be 0: StableDRL has no KL term here")
+
+
+def clip_bounds(eps: float, clip: str) -> tuple[float, float]:
+    """``(lo, hi)`` of the clamp on log ratios; infinities mean no bound."""
+    if clip == "paper":
+        return (math.log(1 - eps) if eps < 1 else -math.inf), math.log(1 + eps)
+    if clip == "cap":
+        return -math.inf, math.log(eps)
+    if clip == "none":
+        return -math.inf, math.inf
+    raise ValueError(f"unknown clip {clip!r}")
+
+
+def group_weights(log_ratio: torch.Tensor, group_size: int, eps: float, clip: str = "paper",
+                  normalize: str = "self") -> tuple[torch.Tensor, torch.Tensor]:
+    """Detached weights ``w`` and their normalised form ``w / sum_group w``, both (N/G, G).
+
+    The softmax runs over each prompt's group only (rows of the ``(N/G, G)`` view).
+    """
+    lr = log_ratio.detach().float().view(-1, group_size)  # (N/G, G)
+    lo, hi = clip_bounds(eps, clip)
+    lt = lr.clamp(lo, hi)  # infinite bounds are no-ops
+    w_norm = torch.softmax(lt, -1)  # exp(lt_j) / sum_k exp(lt_k), computed stably
+    if normalize == "self":
+        return w_norm, w_norm
+    if normalize == "group_size":
+        return lt.clamp(max=_LOG_W_MAX).exp() / group_size, w_norm
+    raise ValueError(f"unknown normalize {normalize!r}")
+
+
+def stabledrl_loss(
+    elbo_theta: torch.Tensor,  # (B,) with grad; B = num_groups * G, prompt-major
+    elbo_old: torch.Tensor,  # (B,)
+    advantages: torch.Tensor,  # (B,)
+    group_size: int,
+    eps: float,
+    clip: str = "paper",
+    normalize: str = "self",
+    surrogate_theta: torch.Tensor | None = None,  # (B,) term multiplied by w*A (default: elbo_theta)
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """StableDRL loss and its metrics; a pure function of tensors, computed in float32 log space."""
+    G = group_size
+    x = elbo_theta.float()
+    surr = x if surrogate_theta is None else surrogate_theta.float()
+    adv = advantages.float().detach().view(-1, G)  # (N/G, G)
+    lr = (x.detach() - elbo_old.detach().float()).view(-1, G)  # (N/G, G) raw log ratios
+    w, w_norm = group_weights(lr, G, eps, clip, normalize)  # (N/G, G) each, detached
+    lo, hi = clip_bounds(eps, clip)
+    loss = -(w * adv * surr.view(-1, G)).sum(-1).mean()
+    with torch.no_grad():
+        metrics = {
+            "ratio/log_mean": lr.mean(),
+            "ratio/log_std": lr.std() if lr.numel() > 1 else lr.new_zeros(()),
+            "ratio/log_min": lr.min(),
+            "ratio/log_max": lr.max(),
+            "ratio/clip_frac_low": (lr < lo).float().mean(),
+            "ratio/clip_frac_high": (lr > hi).float().mean(),
+            "weights/ess": (1.0 / w_norm.pow(2).sum(-1)).mean(),
+            "weights/max": w.max(),
+        }
+    return loss, metrics
+
+
+@OBJECTIVES.register("stabledrl")
+class StableDRL(Objective):
+    config_class = StableDRLConfig
+    cfg: StableDRLConfig
+
+    def __init__(self, cfg: StableDRLConfig, likelihood):
+        super().__init__(cfg, likelihood)
+        if likelihood.per_token:
+            raise ConfigError("likelihood.name", likelihood.cfg.name,
+                              "StableDRL needs a sequence-level estimator: elbo")
+        if cfg.surrogate == "spg_mix":
+            if not isinstance(likelihood, ELBOEstimator):
+                raise ConfigError("objective.surrogate", cfg.surrogate, "spg_mix needs likelihood=elbo")
+            if likelihood.cfg.weighting != "mean":  # ELBO and EUBO must both be per-token averages
+                raise ConfigError("likelihood.weighting", likelihood.cfg.weighting,
+                                  "objective.surrogate=spg_mix needs likelihood.weighting=mean (the SPG code's scale)")
+
+    def seeds(self, ctx: StepContext) -> tuple[list[int], list[int]]:
+        """Mask seeds of the old and of the new policy for this inner iteration."""
+        ro = ctx.rollout
+        n = ro.completion_ids.shape[0]
+        old = mask_seeds(ctx.run_seed, ro.rollout_id, n, ctx.inner_iter)
+        new = old if self.cfg.share_masks_with_old else mask_seeds(ctx.run_seed, ro.rollout_id, n,
+                                                                   ctx.inner_iter + _FRESH_MASKS)
+        return old, new
+
+    def loss(self, ctx: StepContext):
+        ro = ctx.rollout
+        seeds_old, seeds_new = self.seeds(ctx)
+        data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+        with torch.no_grad():
+            old = self.likelihood(ctx.old_policy, *data, seeds_old)  # (N,)
+        surrogate = None
+        if self.cfg.surrogate == "spg_mix":
+            s = self.likelihood.sample(ctx.policy, *data, seeds_new)
+            elbo = elbo_from_logps(s.token_logps, s.masked, s.t, self.likelihood.cfg.weighting)  # (N,)
+            eubo = eubo_from_logps(s.token_logps, s.masked, s.t, self.cfg.eubo_beta)
+            mix = (1 - self.cfg.mix_weight) * elbo + self.cfg.mix_weight * eubo
+            surrogate = torch.where(ro.advantages > 0, elbo, mix)
+        else:
+            elbo = self.likelihood(ctx.policy, *data, seeds_new)  # (N,)
+        c = self.cfg
+        return stabledrl_loss(elbo, old, ro.advantages, ro.group_size, c.eps, c.clip, c.normalize, surrogate)
