@@ -38,7 +38,7 @@ def test_bad_values_raise_config_error_naming_key(tmp_path, override, key):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["objective=foo"], "objective='foo' is invalid: unknown objective; allowed: grpo"),
+        (["objective=foo"], "objective='foo' is invalid: unknown objective; allowed: egspo, egspo_sa, grpo, stabledrl"),
         (["task.group_size=1"], "task.group_size=1 is invalid"),
         (["sampler.gen_length=20"], "sampler.gen_length=20 is invalid: must be divisible by sampler.block_length=16"),
     ],

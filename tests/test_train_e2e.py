@@ -11,7 +11,7 @@ from diffusion_rl.train import build, train
 from .helpers import compose_cfg
 
 
-@pytest.mark.parametrize("objective", ["grpo"])
+@pytest.mark.parametrize("objective", ["grpo", "egspo", "egspo_sa", "stabledrl"])
 def test_tiny_run_end_to_end(tmp_path, objective, monkeypatch):
     cfg = compose_cfg([f"objective={objective}", "objective.mu=2"], tmp_path)
     captured = {}

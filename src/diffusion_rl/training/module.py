@@ -98,6 +98,7 @@ class DiffusionRLModule(L.LightningModule):
         self.skipped_updates = 0
         self._consecutive_skips = 0
         self.last_metrics: dict[str, float] = {}
+        self.last_rollout_metrics: dict[str, float] = {}
 
     # ---- Lightning plumbing -------------------------------------------------------------
     def configure_optimizers(self):
@@ -137,7 +138,8 @@ class DiffusionRLModule(L.LightningModule):
         adv = group_advantages(rewards, G, self.objective.cfg.scale_rewards)
         t_roll = time.perf_counter() - t0
         ro = Rollout(self.rollout_count, G, ids, mask, out.completion, comp_mask, rewards, adv,
-                     extras={"texts": texts, "items": group_items})
+                     extras={"texts": texts, "items": group_items, "tokenizer": self.bundle.tokenizer,
+                             "eos_token_id": self.bundle.eos_token_id})
         self.rollout_count += 1
         extra = self.objective.on_rollout(ro, recorder, self.task)
         group_std = rewards.view(-1, G).std(-1)
@@ -155,7 +157,7 @@ class DiffusionRLModule(L.LightningModule):
 
     def training_step(self, items: list[dict[str, Any]], batch_idx: int) -> None:
         ro, roll_metrics = self.rollout(items)
-        self.log("reward", roll_metrics["train/reward"], prog_bar=True, on_step=True, batch_size=len(items))
+        self.last_rollout_metrics = roll_metrics
         ctx = StepContext(ro, 0, self.seed, logits_fn(self.policy), logits_fn(self.old_policy),
                           logits_fn(self.ref_policy) if self.ref_policy is not None else None)
         for it in range(self.objective.cfg.mu):

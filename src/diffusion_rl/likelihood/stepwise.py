@@ -1,0 +1,36 @@
+"""The stepwise likelihood of EGSPO (SPEC §3): ``log pi(step s)`` from the state before step ``s``.
+
+    log pi(step s) = sum_{i in U_s} log softmax(f(x_s))_i[x_i]      (reduce="mean": divided by |U_s|)
+
+where ``x_s`` is the partially masked state before step ``s``, ``U_s`` the positions committed at
+``s`` and ``x_i`` the committed tokens; temperature 1, as the trajectory recorder uses. The
+probability of *which* positions were chosen is ignored, as in the paper's code. One batched forward
+covers every (sample, selected step) row. Not registered in ``LIKELIHOODS``: it scores a step of a
+recorded trajectory, not a ``(prompt, completion)`` pair, so EGSPO calls it directly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from diffusion_rl.likelihood.base import token_logps
+
+
+def stepwise_logps(
+    forward,  # (ids, attention_mask) -> logits (N, P+L, V)
+    states: torch.Tensor,  # (N, P+L) state before the step, one row per (sample, step)
+    attn: torch.Tensor | None,  # (N, P+L) 1 = real token, or None
+    committed: torch.Tensor,  # (N, P+L) bool, positions committed at the step
+    tokens: torch.Tensor,  # (N, P+L) the committed tokens at those positions (others ignored)
+    reduce: str = "sum",
+) -> torch.Tensor:
+    """Per-row log-probability of the step's committed tokens. -> (N,)"""
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"reduce={reduce!r}: allowed sum, mean")
+    logits = forward(states, attn)  # (N, P+L, V)
+    rows = committed.nonzero()[:, 0]  # (n,) row of each committed position
+    logp = token_logps(logits[committed], tokens[committed])  # (n,) log-softmax only where needed
+    total = logp.new_zeros(states.shape[0]).index_add(0, rows, logp)  # (N,)
+    if reduce == "mean":
+        total = total / committed.sum(-1).clamp_min(1).to(total.dtype)
+    return total

@@ -1,0 +1,157 @@
+"""``TrajectoryRecorder``: what EGSPO needs from every denoising step, recorded at no extra forward.
+
+Plugged into :func:`~diffusion_rl.sampling.generate` as its ``recorder``; ``on_step`` reads the
+logits of the forward pass the sampler already makes (SPEC §2). Per rollout sample it keeps:
+
+- ``commit_step`` (B, P+L) int16: the step at which each position was committed; ``-1`` for positions
+  never masked (the prompt), ``NEVER`` for positions still masked at the end. With the final
+  sequence this gives every intermediate state: the state before step ``s`` is the final sequence
+  with every position committed at a step ``>= s`` masked (:meth:`state_before`). No per-step copy
+  of the sequence is kept.
+- ``final`` (B, P+L): the sequence after the last step (equals the sampler's output).
+- per step ``s`` (B, T) each: ``logps`` (float32) the behaviour log-probability of the committed
+  tokens, ``sum_{i in U_s} log softmax(logits_i)[x_i]``; ``entropies`` (float32) the step entropy
+  ``H_s``, the mean over ``U_s`` of the full-vocabulary entropy of ``softmax(logits_i)``; ``counts``
+  (int16) ``|U_s|``. A position where the sampler drew the mask token itself stays masked and is
+  committed later, so it is not part of ``U_s`` at that step.
+- the greedy one-step completion ``xhat_s`` (optional, EGSPO-SA): the state before ``s`` with every
+  still-masked position filled by ``argmax logits`` (the mask token excluded). Positions committed before ``s`` hold their final
+  token in ``xhat_s``, so only the argmax at the positions still masked before ``s`` is stored: one
+  flat tensor per step in row-major order of ``state_before(s) == mask`` (int16 when the vocabulary
+  fits, else int32). :meth:`greedy_completion` rebuilds ``xhat_s``.
+
+Temperature: log-probs and entropies use the **temperature-1** log-softmax of the logits the sampler
+saw, not ``logits / tau``. That is the policy's distribution as the stepwise likelihood recomputes it
+(``likelihood/stepwise.py``), so at ``theta = theta_old`` the two agree; the Gumbel temperature and
+the choice of positions are not part of ``log pi(step s)`` (as in the EGSPO code). With classifier-free
+guidance (``cfg_scale > 0``) the recorded values are those of the guided logits, which the stepwise
+recomputation (an unguided forward) does not reproduce.
+
+Memory per sample, ``T = 128`` steps, ``L = 256`` completion tokens, LLaDA's vocabulary (126,464 ids,
+so int32 greedy tokens), blocks of 32 with 16 steps each (2 tokens per step), prompt of ``P`` tokens:
+commit steps ``2 (P + L)`` B, final sequence ``8 (P + L)`` B (int64 ids), per-step values
+``T * (4 + 4 + 2) = 1,280`` B, greedy argmaxes ``4 * sum_s |masked before s| = 4 * sum_{s<128}
+(256 - 2 s) = 4 * 16,512 = 66,048`` B. For ``P = 0`` that is ``512 + 2,048 + 1,280 + 66,048 = 69,888``
+B (~68 KiB; +10 B per prompt token), against ~512 KiB for a dense (T, L) int64 state and a dense
+(T, L) int64 ``xhat`` per step. Without greedy completions (plain EGSPO) it is ~3.8 KiB.
+:meth:`nbytes` reports the actual figure.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEVER = torch.iinfo(torch.int16).max  # commit step of a position still masked after the last step
+
+
+class TrajectoryRecorder:
+    """A :class:`~diffusion_rl.sampling.StepRecorder` keeping a compact per-step trajectory."""
+
+    def __init__(self, mask_id: int, record_greedy: bool = True):
+        self.mask_id = mask_id
+        self.record_greedy = record_greedy
+        self.num_steps = 0
+        self.commit_step: torch.Tensor | None = None  # (B, P+L) int16
+        self.final: torch.Tensor | None = None  # (B, P+L)
+        self._logps: list[torch.Tensor] = []  # T x (B,)
+        self._entropies: list[torch.Tensor] = []  # T x (B,)
+        self._counts: list[torch.Tensor] = []  # T x (B,)
+        self._greedy: list[torch.Tensor] = []  # T x (n_s,) argmax at the positions masked before s
+
+    # ---- recording ----------------------------------------------------------------------
+    @torch.no_grad()
+    def on_step(self, step: int, x_before: torch.Tensor, logits: torch.Tensor, candidates: torch.Tensor,
+                committed: torch.Tensor) -> None:
+        if step != self.num_steps:
+            raise RuntimeError(f"TrajectoryRecorder expects steps in order; got {step} after {self.num_steps} steps")
+        if step >= NEVER:
+            raise RuntimeError(f"TrajectoryRecorder stores step indices as int16; step {step} is too large")
+        B = x_before.shape[0]
+        masked = x_before == self.mask_id  # (B, T)
+        # A drawn mask token leaves its position masked (the sampler redraws it later): not a commit.
+        committed = committed & (candidates != self.mask_id)
+        if step == 0:
+            self.final = x_before.clone()
+            self.commit_step = torch.where(masked, NEVER, -1).to(torch.int16)  # (B, T)
+        assert self.final is not None and self.commit_step is not None
+        rows = committed.nonzero()[:, 0]  # (n,) sample of each committed position
+        logp = logits[committed].float().log_softmax(-1)  # (n, V) temperature 1
+        ent = -(logp.exp() * logp).sum(-1)  # (n,)
+        tok_logp = logp.gather(-1, candidates[committed][:, None]).squeeze(-1)  # (n,)
+        count = torch.zeros(B, device=x_before.device).index_add_(0, rows, torch.ones_like(ent))  # (B,)
+        self._logps.append(torch.zeros(B, device=x_before.device).index_add_(0, rows, tok_logp))
+        self._entropies.append(torch.zeros(B, device=x_before.device).index_add_(0, rows, ent) / count.clamp_min(1))
+        self._counts.append(count.to(torch.int16))
+        if self.record_greedy:
+            dtype = torch.int16 if logits.shape[-1] <= torch.iinfo(torch.int16).max + 1 else torch.int32
+            still = logits[masked]  # (n_s, V) a copy, row-major over `masked`
+            if self.mask_id < still.shape[-1]:
+                still[:, self.mask_id] = float("-inf")  # a completion has no masks left
+            self._greedy.append(still.argmax(-1).to(dtype))  # (n_s,)
+        self.final = torch.where(committed, candidates, self.final)
+        self.commit_step = torch.where(committed, torch.tensor(step, dtype=torch.int16, device=committed.device),
+                                       self.commit_step)
+        self.num_steps += 1
+
+    # ---- per-step values ----------------------------------------------------------------
+    @property
+    def logps(self) -> torch.Tensor:
+        """(B, T) behaviour log-prob of each step's committed tokens (sum over ``U_s``)."""
+        return torch.stack(self._logps, 1)
+
+    @property
+    def entropies(self) -> torch.Tensor:
+        """(B, T) step entropy ``H_s`` (0 for a step that committed nothing)."""
+        return torch.stack(self._entropies, 1)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """(B, T) int16 number of tokens committed at each step."""
+        return torch.stack(self._counts, 1)
+
+    # ---- reconstruction -----------------------------------------------------------------
+    def _check(self, s: int, upper: int) -> None:
+        if self.commit_step is None:
+            raise RuntimeError("nothing recorded yet")
+        if not 0 <= s <= upper:
+            raise IndexError(f"step {s} outside [0, {upper}]")
+
+    def state_before(self, s: int) -> torch.Tensor:
+        """(B, P+L) the sequence the model saw at step ``s``; ``s = T`` gives the final sequence."""
+        self._check(s, self.num_steps)
+        assert self.final is not None and self.commit_step is not None
+        return self.final.masked_fill(self.commit_step >= s, self.mask_id)
+
+    def greedy_completion(self, s: int) -> torch.Tensor:
+        """(B, P+L) ``xhat_s``: ``state_before(s)`` with every masked position set to its argmax."""
+        self._check(s, self.num_steps - 1)
+        if not self.record_greedy:
+            raise RuntimeError("greedy completions were not recorded (record_greedy=False)")
+        x = self.state_before(s)
+        still = x == self.mask_id  # same set and order as the `masked` of on_step
+        x[still] = self._greedy[s].to(x.dtype)
+        return x
+
+    def states_at(self, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """States before, and positions committed at, per-sample steps; one row per (sample, slot).
+
+        steps: (B, K) long in ``[0, T)`` -> states (B*K, P+L), committed (B*K, P+L) bool
+        """
+        assert self.final is not None and self.commit_step is not None
+        B, K = steps.shape
+        cs = self.commit_step.long().repeat_interleave(K, 0)  # (B*K, P+L)
+        s = steps.reshape(-1, 1)  # (B*K, 1)
+        states = self.final.repeat_interleave(K, 0).masked_fill(cs >= s, self.mask_id)
+        return states, cs == s
+
+    def last_step_where(self, positions: torch.Tensor) -> torch.Tensor:
+        """(B,) last step that committed any of ``positions`` ((B, P+L) bool); -1 where none did."""
+        assert self.commit_step is not None
+        cs = self.commit_step.long()
+        cs = cs.masked_fill(~positions | (cs == NEVER), -1)
+        return cs.max(-1).values
+
+    def nbytes(self) -> int:
+        """Bytes held by the recorded trajectory (all samples)."""
+        held = [self.commit_step, self.final, *self._logps, *self._entropies, *self._counts, *self._greedy]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
