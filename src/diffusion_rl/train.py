@@ -27,6 +27,7 @@ from diffusion_rl.tasks import TASKS, Task, TaskDataModule
 from diffusion_rl.training.diagnostics import DiagnosticsConfig
 from diffusion_rl.training.evaluation import evaluate
 from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
+from diffusion_rl.training.progress import RLProgressBar
 from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     trainer = L.Trainer(
         max_steps=c.trainer.max_steps, max_epochs=-1, accelerator=c.trainer.accelerator, devices=c.trainer.devices,
         strategy=c.trainer.strategy, precision=c.trainer.precision, logger=make_loggers(cfg, run_dir),
-        callbacks=[ckpt_cb], enable_progress_bar=progress, enable_model_summary=False,
+        callbacks=[ckpt_cb] + ([RLProgressBar()] if progress else []), enable_progress_bar=progress, enable_model_summary=False,
         default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **c.trainer.extra,
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))

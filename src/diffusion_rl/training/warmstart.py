@@ -34,8 +34,11 @@ class WarmStartConfig:
     lr: float = 2e-3
     seed: int = 0
     cache: bool = True
+    weighting: str = "inverse_t"  # LLaDA's 1/t ELBO weighting, or "mean" over masked tokens
 
     def validate(self) -> None:
+        if self.weighting not in ("inverse_t", "mean"):
+            raise ConfigError("warmstart.weighting", self.weighting, "allowed: inverse_t, mean")
         if self.steps < 0:
             raise ConfigError("warmstart.steps", self.steps, "must be >= 0")
         if self.batch_size < 1:
@@ -110,7 +113,7 @@ def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig
         batch = [items[i] for i in idx]
         p_ids, p_mask = encode_prompts(bundle.tokenizer, [task.prompt(it) for it in batch])
         tgt = encode_targets(bundle.tokenizer, [task.target(it) for it in batch], gen_length, bundle.eos_token_id)
-        loss = masked_diffusion_loss(forward, p_ids, p_mask, tgt, bundle.mask_token_id, gen)
+        loss = masked_diffusion_loss(forward, p_ids, p_mask, tgt, bundle.mask_token_id, gen, weighting=cfg.weighting)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
