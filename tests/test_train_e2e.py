@@ -39,7 +39,8 @@ def test_tiny_run_end_to_end(tmp_path, objective, monkeypatch):
     assert len(steps) == 4
     for key in ("train/loss", "train/reward", "grad/norm", "grad/norm_ema", "ratio/log_std", "train/lr"):
         assert key in rows[0], key
-    assert all(float(r["grad/norm"]) > 0 for r in steps)
+    norms = [float(r["grad/norm"]) for r in steps]
+    assert all(n >= 0 for n in norms) and any(n > 0 for n in norms)  # a zero-std group gives 0
     s = json.load(open(tmp_path / "run" / "summary.json"))
     assert set(s["before"]) >= {"cell_accuracy", "solved_rate", "valid_rate"}
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()

@@ -31,6 +31,7 @@ class ModelConfig:
     ffn_mult: float = 2.75
     max_len: int = 512
     block_size: int = 0  # >0: block diffusion (block-causal attention)
+    learned_positions: bool = True  # learned absolute positions on top of rotary ones
     # Hugging Face models (later issue): path or hub id and special ids
     path: str | None = None
     mask_token_id: int | None = None
@@ -78,6 +79,7 @@ def build_tiny(cfg: ModelConfig) -> PolicyBundle:
         TinyConfig(
             vocab_size=tok.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
             ffn_mult=cfg.ffn_mult, max_len=cfg.max_len, block_size=cfg.block_size,
+            learned_positions=cfg.learned_positions,
         )
     )
     return PolicyBundle(net, tok, tok.mask_token_id, tok.eos_token_id, tok.pad_token_id, cfg.block_size)
