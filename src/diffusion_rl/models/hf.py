@@ -1,0 +1,267 @@
+"""Hugging Face diffusion LMs behind the policy interface: ``model=hf model.path=<folder or hub id>``.
+
+The named configs use the same builder: ``model=llada_8b_instruct`` (``GSAI-ML/LLaDA-8B-Instruct``,
+its own bidirectional modelling code through ``AutoModel``), ``model=sdar_8b_chat`` /
+``sdar_1_7b_chat`` (``JetLM/SDAR-*-Chat``, block diffusion). What it does:
+
+- ``model.path`` is a local folder (loaded with ``local_files_only``: no hub call) or a hub id; a
+  missing folder, a folder without ``config.json``, weights or tokenizer, or an id that cannot be
+  fetched fails in one line naming the path and what was expected.
+- ``model.trust_remote_code`` is passed as configured and nothing else turns it on: a checkpoint
+  that ships its own code and is loaded without it fails in one line saying so.
+- The model class is ``model.auto_class``, or with ``auto``: the class the checkpoint's remote code
+  declares (``auto_map``), else ``AutoModelForMaskedLM`` or ``AutoModelForCausalLM``, whichever
+  knows the architecture.
+- Mask / EOS ids come from the config, else the tokenizer (else the model config); padding falls
+  back to EOS.
+- :class:`HFDiffusionLM` adapts the network to what the sampler and estimators call. With
+  ``attention=native`` it passes the padding mask through (LLaDA masks nothing else). With
+  ``bidirectional`` / ``block_causal`` it builds a 4D mask itself (every real key; block-causal
+  across ``block_size`` blocks) and position ids that skip left padding, which turns any decoder
+  that honours 4D masks (Llama, Qwen; ``sdpa`` or ``eager`` attention) into a diffusion LM. Boolean
+  ``(B, 1, L, L)`` masks from callers (the staircase estimator) are honoured as given.
+
+Training options (dtype, LoRA, activation checkpointing) are applied afterwards by
+:func:`~diffusion_rl.models.adapters.prepare_for_training`, for this model as for the embedded one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.models.policy import DTYPES, MODELS, ModelConfig, PolicyBundle
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_EXPECTED = "expected a Hugging Face model folder (config.json, weights, tokenizer files) or a hub id like org/name"
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:200]
+
+
+def resolve_path(cfg: ModelConfig) -> tuple[str, bool]:
+    """``(source, is_local)``; fails in one line on a missing or malformed local folder."""
+    if not cfg.path:
+        raise ConfigError("model.path", cfg.path, f"model=hf needs a path: {_EXPECTED}")
+    p = Path(cfg.path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise ConfigError("model.path", cfg.path, f"is a file, not a folder: {_EXPECTED}")
+        if not (p / "config.json").is_file():
+            raise ConfigError("model.path", cfg.path, f"has no config.json: {_EXPECTED}")
+        return str(p), True
+    if cfg.path.startswith((".", "/", "~")) or not _HUB_ID.match(cfg.path):
+        raise ConfigError("model.path", cfg.path, f"no such folder: {_EXPECTED}")
+    return cfg.path, False
+
+
+def _load(what: str, fn, cfg: ModelConfig, *args, **kwargs):
+    """Call a ``from_pretrained`` and turn its errors into one-line config errors."""
+    try:
+        return fn(*args, **kwargs)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, ImportError) as err:
+        msg = str(err)
+        if "trust_remote_code" in msg and not cfg.trust_remote_code:
+            raise ConfigError(
+                "model.trust_remote_code",
+                False,
+                f"{cfg.path} ships its own modelling code; set model.trust_remote_code=true if you trust it",
+            ) from err
+        raise ConfigError(
+            "model.path", cfg.path, f"could not load the {what} ({_one_line(err)}): {_EXPECTED}"
+        ) from err
+
+
+def model_class(config: Any, cfg: ModelConfig):
+    import transformers
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_MASKED_LM_MAPPING,
+    )
+
+    if cfg.auto_class != "auto":
+        return getattr(transformers, cfg.auto_class)
+    auto_map = getattr(config, "auto_map", None) or {}
+    for name in ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel"):
+        if name in auto_map:  # the checkpoint's own code says which class it provides
+            return getattr(transformers, name)
+    if type(config) in MODEL_FOR_MASKED_LM_MAPPING:
+        return transformers.AutoModelForMaskedLM
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return transformers.AutoModelForCausalLM
+    raise ConfigError(
+        "model.auto_class",
+        "auto",
+        f"{cfg.path}: {type(config).__name__} has no masked- or causal-LM "
+        "class in transformers; set model.auto_class",
+    )
+
+
+def _quantization(cfg: ModelConfig) -> dict[str, Any]:
+    if not cfg.load_in_4bit:
+        return {}
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(
+            "model.load_in_4bit",
+            True,
+            "needs bitsandbytes: pip install 'diffusion-rl[quant]' (CUDA only)",
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError("model.load_in_4bit", True, "needs a CUDA GPU (bitsandbytes 4-bit)")
+    from transformers import BitsAndBytesConfig
+
+    q = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    return {"quantization_config": q, "device_map": {"": torch.cuda.current_device()}}
+
+
+def _dtype_kwarg() -> str:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def _special_id(cfg_value: int | None, *candidates: Any) -> int | None:
+    for v in (cfg_value, *candidates):
+        if isinstance(v, (list, tuple)):
+            v = v[0] if v else None
+        if v is not None:
+            return int(v)
+    return None
+
+
+@MODELS.register("hf")
+def build_hf(cfg: ModelConfig) -> PolicyBundle:
+    from transformers import AutoConfig, AutoTokenizer
+
+    src, local = resolve_path(cfg)
+    common = {"trust_remote_code": cfg.trust_remote_code, "local_files_only": local}
+    config = _load("config", AutoConfig.from_pretrained, cfg, src, **common)
+    tokenizer = _load("tokenizer", AutoTokenizer.from_pretrained, cfg, src, **common)
+    cls = model_class(config, cfg)
+    kwargs = {_dtype_kwarg(): DTYPES[cfg.dtype], **_quantization(cfg), **cfg.extra}
+    model = _load("weights", cls.from_pretrained, cfg, src, config=config, **common, **kwargs)
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False  # the samplers never reuse a Hugging Face cache
+
+    mask_id = _special_id(
+        cfg.mask_token_id, tokenizer.mask_token_id, getattr(config, "mask_token_id", None)
+    )
+    eos_id = _special_id(
+        cfg.eos_token_id, tokenizer.eos_token_id, getattr(config, "eos_token_id", None)
+    )
+    if mask_id is None:
+        raise ConfigError(
+            "model.mask_token_id",
+            None,
+            f"{cfg.path}: neither the tokenizer nor the config names a mask token; set it",
+        )
+    if eos_id is None:
+        raise ConfigError(
+            "model.eos_token_id",
+            None,
+            f"{cfg.path}: neither the tokenizer nor the config names an EOS token; set it",
+        )
+    vocab = model.get_input_embeddings().num_embeddings
+    for key, v in (("mask_token_id", mask_id), ("eos_token_id", eos_id)):
+        if not 0 <= v < vocab:
+            raise ConfigError(
+                f"model.{key}", v, f"must be a token id of {cfg.path} (vocabulary of {vocab})"
+            )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = eos_id
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if cfg.attention != "native" and impl not in ("sdpa", "eager"):
+        raise ConfigError(
+            "model.extra.attn_implementation",
+            impl,
+            f"model.attention={cfg.attention} passes a 4D mask: use sdpa or eager",
+        )
+    net = HFDiffusionLM(model, cfg.attention, cfg.block_size, boolean_mask=impl == "sdpa")
+    custom = cfg.custom_attention_mask if cfg.attention == "native" else True
+    return PolicyBundle(
+        net, tokenizer, mask_id, eos_id, int(tokenizer.pad_token_id), cfg.block_size, custom
+    )
+
+
+class HFDiffusionLM(nn.Module):
+    """``net(input_ids=, attention_mask=, position_ids=) -> .logits`` over a Hugging Face model.
+
+    attention_mask: ``(B, L)`` padding mask (1 = real token), a boolean ``(B|1, 1, L, L)`` "may
+    attend" mask, or None.
+    """
+
+    supports_kv_cache = False  # the block sampler reruns the prefix (no Hugging Face cache here)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        attention: str = "bidirectional",
+        block_size: int = 0,
+        boolean_mask: bool = True,
+    ):
+        super().__init__()
+        self.model = model
+        self.attention, self.block_size, self.boolean_mask = attention, block_size, boolean_mask
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs: Any,
+    ):
+        if self.attention == "native":
+            if position_ids is not None:
+                kwargs["position_ids"] = position_ids
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        B, L = input_ids.shape
+        device = input_ids.device
+        if attention_mask is None or attention_mask.dim() == 2:
+            keep = (
+                torch.ones(B, L, dtype=torch.bool, device=device)
+                if attention_mask is None
+                else attention_mask.bool()
+            )
+            if position_ids is None:
+                position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)  # (B, L) skip left padding
+            allowed = keep[:, None, None, :].expand(B, 1, L, L)  # (B, 1, L, L) every real key
+            if self.attention == "block_causal":
+                blk = torch.arange(L, device=device) // self.block_size
+                allowed = allowed & (blk[None, :] <= blk[:, None])[None, None]
+        else:
+            allowed = attention_mask.bool().expand(B, 1, L, L)
+        if position_ids is None:
+            position_ids = torch.arange(L, device=device).expand(B, L)
+        # a query with no key left (a padding block) attends to itself: no all-masked softmax row
+        allowed = allowed | torch.eye(L, dtype=torch.bool, device=device)[None, None]
+        if self.boolean_mask:  # sdpa takes "may attend" booleans whatever the compute dtype
+            mask = allowed
+        else:  # eager attention adds the mask to its scores
+            dtype = next(self.model.parameters()).dtype
+            dtype = dtype if dtype.is_floating_point else torch.float32
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+                ~allowed, torch.finfo(dtype).min
+            )
+        return self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **kwargs
+        )
