@@ -1,0 +1,149 @@
+"""Block diffusion sampling (SDAR; SPEC §2) with an exact key/value cache for finished blocks.
+
+The completion is cut into the *model's* blocks (``block_size`` tokens; ``sampler.block_length`` is
+the masked-diffusion sampler's notion and is not used here) and filled left to right. Inside the
+current block the low-confidence remasking rule of :mod:`diffusion_rl.sampling.sampler` runs
+unchanged (its ``gumbel_argmax``, ``top_k_per_row`` and ``num_transfer_tokens``): ``steps / num_blocks``
+steps per block, ``k`` tokens committed per step. A block model's attention is causal across blocks,
+so finished blocks never see later ones: their keys and values are computed once (one extra forward
+of the finished block, as SDAR's ``store_kv``) and cached, and each denoising step runs the model on
+the current block only. That changes no output: at ``temperature = 0`` the tokens equal those of the
+uncached sampler (``use_cache=False``, which reruns the whole prefix every step) and those of the
+masked-diffusion sampler run with ``block_length = block_size`` on the same model (tests/test_block.py).
+
+Block alignment: blocks are counted from the first position of the input, as in SDAR and in the
+block-causal mask of the embedded model, over a prompt left-padded to whole blocks (done here if the
+caller has not: :func:`~diffusion_rl.models.policy.encode_prompts` with ``pad_to_multiple_of``), so
+the completion starts on a block boundary and every block is either all prompt or all completion.
+
+Run ``python benchmarks/block.py`` for the speed of the cache against recomputing the prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.models.policy import logits_fn
+from diffusion_rl.sampling.sampler import (
+    SampleOutput,
+    SamplerConfig,
+    StepRecorder,
+    generate,
+    gumbel_argmax,
+    num_transfer_tokens,
+    top_k_per_row,
+)
+
+
+def check_block_sampler(cfg: SamplerConfig, block_size: int) -> None:
+    """Fail in one line when the sampler cannot run a model with blocks of ``block_size``."""
+    if block_size < 1:
+        raise ConfigError("model.block_size", block_size, "must be >= 1 for block diffusion sampling")
+    if cfg.gen_length % block_size:
+        raise ConfigError("sampler.gen_length", cfg.gen_length,
+                          f"must be a multiple of model.block_size={block_size} (a block model fills whole blocks)")
+    num_blocks = cfg.gen_length // block_size
+    if cfg.steps % num_blocks:
+        raise ConfigError("sampler.steps", cfg.steps,
+                          f"must be divisible by the number of model blocks gen_length/block_size={num_blocks}")
+    if cfg.cfg_scale > 0:
+        raise ConfigError("sampler.cfg_scale", cfg.cfg_scale, "must be 0 with a block model (no guidance in the block sampler)")
+
+
+def align_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, block_size: int,
+                 pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Left-pad a prompt to whole blocks. -> ids (B, P'), mask (B, P'), number of columns added."""
+    B, P = prompt_ids.shape
+    if prompt_mask is None:
+        prompt_mask = torch.ones_like(prompt_ids)
+    pad = -P % block_size
+    if pad:
+        prompt_ids = torch.cat([torch.full((B, pad), pad_id, dtype=prompt_ids.dtype, device=prompt_ids.device), prompt_ids], 1)
+        prompt_mask = torch.cat([torch.zeros((B, pad), dtype=prompt_mask.dtype, device=prompt_mask.device), prompt_mask], 1)
+    return prompt_ids, prompt_mask, pad
+
+
+@torch.no_grad()
+def block_generate(
+    net: nn.Module,
+    prompt_ids: torch.Tensor,  # (B, P), left-padded
+    prompt_mask: torch.Tensor | None,  # (B, P) 1 = real token, or None
+    cfg: SamplerConfig,
+    block_size: int,
+    mask_id: int,
+    generator: torch.Generator | None = None,
+    recorder: StepRecorder | None = None,
+    use_cache: bool = True,
+) -> SampleOutput:
+    """Sample block by block; ``net(input_ids=, attention_mask=, past_key_values=, use_cache=)``.
+
+    With ``use_cache=False`` every step runs the model on ``[prompt, finished blocks, current block]``
+    (the reference the cache is checked against). A ``recorder`` sees full-width ``(B, P + L)``
+    tensors; the logits outside the current block are zeros (a block model has not computed them:
+    EGSPO-SA's greedy completions of later blocks are therefore not meaningful here).
+    """
+    check_block_sampler(cfg, block_size)
+    B = prompt_ids.shape[0]
+    device = prompt_ids.device
+    prompt_ids, keep_prompt, pad = align_prompt(prompt_ids, prompt_mask, block_size, mask_id)  # pads: never attended
+    P, L, bs = prompt_ids.shape[1], cfg.gen_length, block_size
+    n_steps = cfg.steps // (L // bs)
+    x = torch.cat([prompt_ids, torch.full((B, L), mask_id, dtype=prompt_ids.dtype, device=device)], 1)  # (B, T)
+    keep = torch.cat([keep_prompt.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)  # (B, T)
+    gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
+    cache = None
+    if use_cache and P > 0:  # prefill: the prompt's blocks
+        cache = net(input_ids=x[:, :P], attention_mask=keep[:, :P], use_cache=True).past_key_values
+    step = 0
+    for start in range(P, P + L, bs):
+        end = start + bs
+        k_sched = num_transfer_tokens((x[:, start:end] == mask_id).sum(-1), n_steps)  # (B, n)
+        for i in range(n_steps):
+            blk = x[:, start:end]  # (B, bs)
+            if use_cache:
+                logits = net(input_ids=blk, attention_mask=keep[:, :end], past_key_values=cache).logits.float()
+            else:
+                logits = net(input_ids=x[:, :end], attention_mask=keep[:, :end]).logits[:, start:].float()  # (B, bs, V)
+            masked = blk == mask_id  # (B, bs)
+            cand = gumbel_argmax(logits, cfg.temperature, generator, gdtype)  # (B, bs)
+            if cfg.remasking == "low_confidence":
+                conf = logits.softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, bs)
+            else:
+                conf = torch.rand((B, bs), generator=generator, device=device)
+            conf = conf.masked_fill(~masked, float("-inf"))
+            commit = top_k_per_row(conf, k_sched[:, i]) & masked  # (B, bs)
+            if recorder is not None:
+                _record(recorder, step, x, logits, cand, commit, start)
+            x[:, start:end] = torch.where(commit, cand, blk)
+            step += 1
+        if use_cache and end < P + L:  # the finished block is clean context from now on
+            cache = net(input_ids=x[:, start:end], attention_mask=keep[:, :end], past_key_values=cache,
+                        use_cache=True).past_key_values
+    return SampleOutput(sequences=x[:, pad:], completion=x[:, P:])
+
+
+def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Tensor, cand: torch.Tensor,
+            commit: torch.Tensor, start: int) -> None:
+    """Hand the recorder full-width tensors, as the masked-diffusion sampler does."""
+    B, T = x.shape
+    end = start + logits.shape[1]
+    full_logits = logits.new_zeros(B, T, logits.shape[-1])  # (B, T, V)
+    full_logits[:, start:end] = logits
+    full_cand = x.clone()
+    full_cand[:, start:end] = cand
+    full_commit = torch.zeros_like(x, dtype=torch.bool)
+    full_commit[:, start:end] = commit
+    recorder.on_step(step, x.clone(), full_logits, full_cand, full_commit)
+
+
+def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
+                    cfg: SamplerConfig, mask_id: int, generator: torch.Generator | None = None,
+                    recorder: StepRecorder | None = None) -> SampleOutput:
+    """The sampler a network needs: block diffusion for a block model (``block_size > 0``), with the
+    key/value cache where the network supports it, else the masked-diffusion sampler."""
+    if block_size > 0:
+        return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, generator, recorder,
+                              use_cache=getattr(net, "supports_kv_cache", False))
+    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, generator, recorder)
