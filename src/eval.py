@@ -1,7 +1,13 @@
-"""Evaluate a checkpoint greedily: ``python src/eval.py task=sudoku ckpt_path=... [task.data_path=file.csv]``.
+"""Evaluate with the papers' protocol, or re-score saved generations.
 
-Thin Hydra app around :func:`diffusion_rl.evaluate.evaluate_checkpoint`; writes
-``generations.jsonl`` and ``eval_summary.json`` to the run folder.
+    python src/eval.py task=sudoku ckpt_path=.../last.ckpt [task.data_path=file.csv]
+    python src/eval.py task=gsm8k task.data_path=gsm8k_test.jsonl ckpt_path=... eval.gen_lengths=[128,256,512]
+    python src/eval.py policy=reference task=math500 task.data_path=math500_test.jsonl   # must score 100%
+    python src/eval.py mode=score task=gsm8k generations=.../generations.jsonl            # no model
+
+Thin Hydra app (config ``conf/eval.yaml``) around :func:`diffusion_rl.evaluate.run_eval`; writes
+``generations.jsonl``, ``eval_summary.json`` and ``eval_summary.md`` to the run folder and returns
+the first metric of the first length (what a sweeper optimises).
 """
 
 from __future__ import annotations
@@ -16,16 +22,19 @@ from omegaconf import DictConfig
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
-def main(cfg: DictConfig) -> None:
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="eval")
+def main(cfg: DictConfig) -> float | None:
     from diffusion_rl.cli import exit_on_config_error
-    from diffusion_rl.evaluate import evaluate_checkpoint
+    from diffusion_rl.evaluate import run_eval
 
     with exit_on_config_error():
         out_dir = HydraConfig.get().runtime.output_dir
-        summary = evaluate_checkpoint(cfg, out_dir)
-    print(json.dumps(summary, indent=2))
+        summary = run_eval(cfg, out_dir)
+    print((Path(out_dir) / "eval_summary.md").read_text())
+    print(json.dumps({k: v for k, v in summary.items() if k != "by_length"}, indent=2))
     print(f"written to {out_dir}")
+    first = next(iter(summary["by_length"].values()), {})
+    return next(iter(first.values()), None)
 
 
 if __name__ == "__main__":

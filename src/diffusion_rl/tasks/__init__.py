@@ -3,4 +3,4 @@
 from diffusion_rl.tasks.base import TASKS, Task, TaskConfig, TaskDataModule, extract_answer
 
 __all__ = ["TASKS", "Task", "TaskConfig", "TaskDataModule", "extract_answer"]
-from diffusion_rl.tasks import sudoku  # noqa: F401
+from diffusion_rl.tasks import countdown, gsm8k, math500, sudoku  # noqa: F401, E402

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.registry import Registry
+from diffusion_rl.tasks.order import ResumableLoader
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Task(ABC):
         cfg.validate()
         self.cfg = cfg
         self._warned: set[str] = set()
+        self.reward_failures = 0  # completions that got failure_reward because a reward function raised
 
     # ---- data ---------------------------------------------------------------------------
     @abstractmethod
@@ -119,14 +121,37 @@ class Task(ABC):
         try:
             return float(fn([prompt], [completion], **{k: [v] for k, v in item.items()})[0])
         except Exception as err:  # noqa: BLE001 - a reward bug must not kill a long run
-            if name not in self._warned:
+            self.reward_failures += 1
+            if name not in self._warned:  # once per function: a bug would otherwise flood the log
                 self._warned.add(name)
-                log.warning("reward %s raised %r on completion %r; using failure_reward", name, err, completion[:200])
+                log.warning("reward %s raised %s on completion %r; using failure_reward (logged once)",
+                            name, _short(repr(err)), _short(completion))
             return self.cfg.failure_reward
 
     @abstractmethod
     def metrics(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> dict[str, float]:
         """Evaluation metrics averaged over items (e.g. ``cell_accuracy``, ``solved_rate``)."""
+
+    # ---- evaluation protocol (``diffusion_rl.evaluate``); the defaults suit compact prompts --------
+    def use_tokenizer(self, tokenizer: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Give the policy's tokenizer to tasks whose prompts use its chat template."""
+
+    def eval_prompt(self, item: dict[str, Any]) -> str:
+        """The prompt at evaluation (the papers use a different template than in training)."""
+        return self.prompt(item)
+
+    @property
+    def eval_prefill(self) -> str:
+        """Text ending :meth:`eval_prompt` that belongs to the response (d1's ``<reasoning>``)."""
+        return ""
+
+    def gold(self, item: dict[str, Any]) -> str:
+        """The gold answer as written in the generations file."""
+        return self.target(item)
+
+    def parse(self, completion: str) -> str:
+        """The answer the rewards read from a completion."""
+        return extract_answer(completion)
 
 
 class _Items(Dataset):
@@ -138,6 +163,11 @@ class _Items(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.items[i]
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """At most ``limit`` characters of ``text`` for a log line (model output can be megabytes)."""
+    return text if len(text) <= limit else f"{text[:limit]}...[{len(text) - limit} more chars]"
 
 
 def _collate(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -161,14 +191,13 @@ class TaskDataModule(L.LightningDataModule):
                 raise ConfigError("task", self.task.cfg.name, "has no training items")
 
     def train_dataloader(self) -> DataLoader:
+        """Seeded per epoch and resumable mid-epoch: Lightning checkpoints its position (tasks/order.py)."""
         assert self._train is not None
-        gen = torch.Generator().manual_seed(self.task.cfg.seed)
-        return DataLoader(
+        return ResumableLoader(
             _Items(self._train),
             batch_size=self.task.cfg.prompts_per_batch,
-            shuffle=True,
+            seed=self.task.cfg.seed,
             drop_last=len(self._train) >= self.task.cfg.prompts_per_batch,
-            generator=gen,
             collate_fn=_collate,
         )
 

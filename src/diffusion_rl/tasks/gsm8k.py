@@ -1,0 +1,100 @@
+"""GSM8K: grade-school word problems with a numeric answer (SPEC §5).
+
+Items are rows of ``openai/gsm8k`` (config ``main``): ``{"question", "answer"}`` where ``answer`` is
+the worked solution ending ``#### <number>``. Data: the hub's ``train`` / ``test`` splits, or local
+JSONL files in the same format (``task.train_data_path``, ``task.data_path``). Training items never
+repeat a test question.
+
+Rewards (``task.rewards``): ``d1`` = d1's composite (``xml_count`` + ``soft_format`` +
+``strict_format`` + ``int`` + ``correct``, at most 4.0); ``plain`` = ``correct`` (2.0 for the right
+number). ``task.strict_string=true`` makes ``correct`` compare strings exactly as d1 does (``72.0`` is
+then wrong). The chat target writes the worked solution (calculator annotations ``<<...>>`` removed)
+as reasoning and the bare number as the answer; the compact target is the number.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from diffusion_rl.rewards import gsm8k as gsm8k_rewards  # module object: see tasks/text.py
+from diffusion_rl.tasks.base import TASKS, RewardFn
+from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
+from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
+
+COLUMNS = ("question", "answer")
+_CALC_RE = re.compile(r"<<[^>]*>>")
+
+
+@dataclass
+class GSM8KConfig(TextTaskConfig):
+    name: str = "gsm8k"
+    num_test: int = 1319  # the whole test split, as the papers
+    hub_id: str = "openai/gsm8k"
+    hub_config: str | None = "main"
+    strict_string: bool = False  # d1's exact string comparison for the correctness reward
+
+
+def _items(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"question": r["question"], "answer": r["answer"]} for r in rows]
+
+
+@TASKS.register("gsm8k")
+class GSM8KTask(TextTask):
+    config_class = GSM8KConfig
+    cfg: GSM8KConfig
+    template_fields = ("question",)
+
+    @functools.cached_property
+    def _test(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        if cfg.data_path:
+            rows = load_jsonl(cfg.data_path, "task.data_path", COLUMNS)
+        else:
+            rows = list(load_hub(cfg.hub_id, cfg.hub_config, "test", "task.hub_id"))
+        return _items(rows)[: cfg.num_test]
+
+    @functools.cached_property
+    def _train(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        if cfg.train_data_path:
+            rows = load_jsonl(cfg.train_data_path, "task.train_data_path", COLUMNS)
+        else:
+            rows = list(load_hub(cfg.hub_id, cfg.hub_config, "train", "task.hub_id"))
+        held_out = {it["question"] for it in self._test}
+        items = [it for it in _items(rows) if it["question"] not in held_out]
+        return seeded_subset(items, cfg.num_train, f"gsm8k/train/{cfg.seed}")
+
+    def train_items(self) -> list[dict[str, Any]]:
+        return list(self._train)
+
+    def test_items(self) -> list[dict[str, Any]]:
+        return list(self._test)
+
+    def fields(self, item: dict[str, Any]) -> dict[str, str]:
+        return {"question": item["question"]}
+
+    def gold(self, item: dict[str, Any]) -> str:
+        return gsm8k_rewards.gsm8k_gold(item["answer"])
+
+    def answer(self, item: dict[str, Any]) -> str:
+        return self.gold(item)
+
+    def reasoning(self, item: dict[str, Any]) -> str:
+        worked = item["answer"].rpartition("####")[0] or item["answer"]
+        return _CALC_RE.sub("", worked).strip()
+
+    def parse(self, completion: str) -> str:
+        return gsm8k_rewards.extract_gsm8k_prediction(completion) or ""
+
+    def reward_catalogue(self) -> dict[str, RewardFn]:
+        correct = functools.partial(gsm8k_rewards.gsm8k_correctness_reward, strict_string=self.cfg.strict_string)
+        return {**format_catalogue(), "int": gsm8k_rewards.int_reward, "correct": correct}
+
+    def reward_presets(self) -> dict[str, dict[str, float]]:
+        return {
+            "d1": {"xml_count": 1.0, "soft_format": 1.0, "strict_format": 1.0, "int": 1.0, "correct": 1.0},
+            "plain": {"correct": 1.0},
+        }

@@ -1,0 +1,112 @@
+"""MATH500: competition problems with LaTeX answers, checked by ``math-verify`` (SPEC §5).
+
+Test items are rows of ``HuggingFaceH4/MATH-500`` (``problem``, ``solution``, ``answer``, ``subject``,
+``level``, ``unique_id``), or a local JSONL of the same schema (``task.data_path``). MATH-500 is a
+subset of the MATH *test* split, so training problems come from the MATH *train* split:
+``EleutherAI/hendrycks_math`` (the original dataset's 7,500 training problems in 7 subject configs,
+columns ``problem``, ``level``, ``type``, ``solution``; the answer is the solution's last
+``\\boxed{}``), chosen because it is the MATH mirror lm-evaluation-harness loads and is disjoint
+from MATH-500 by construction. A local training JSONL (``task.train_data_path``) needs ``problem``
+and ``answer`` or ``solution``. Training items never repeat a test problem.
+
+Rewards (``task.rewards``): ``d1`` = ``format`` (0.5 for an ``<answer>`` holding a ``\\boxed{}``) +
+``correct`` (2.0 when math-verify finds the last boxed answer equivalent to the gold); ``plain`` =
+``correct``. The chat target's answer is ``\\boxed{gold}``; the compact target is the bare answer.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from diffusion_rl.errors import ConfigError
+from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
+from diffusion_rl.tasks.base import TASKS, RewardFn
+from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
+from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
+
+MATH_SUBJECTS = [
+    "algebra", "counting_and_probability", "geometry", "intermediate_algebra",
+    "number_theory", "prealgebra", "precalculus",
+]
+
+
+@dataclass
+class Math500Config(TextTaskConfig):
+    name: str = "math500"
+    num_test: int = 500
+    hub_id: str = "HuggingFaceH4/MATH-500"
+    hub_config: str | None = None
+    train_hub_id: str = "EleutherAI/hendrycks_math"
+    train_hub_configs: list[str] = field(default_factory=lambda: list(MATH_SUBJECTS))
+
+
+def _item(row: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """``{"problem", "answer", "solution"}``; the answer from ``solution``'s last box if absent."""
+    answer = row.get("answer")
+    solution = row.get("solution") or ""
+    if not answer:
+        answer = math_rewards.last_boxed(solution) if solution else None
+    if "problem" not in row:
+        raise ConfigError(where, str(row)[:80], "rows need 'problem' and 'answer' or a 'solution' with \\boxed{}")
+    return None if not answer else {"problem": row["problem"], "answer": answer, "solution": solution}
+
+
+@TASKS.register("math500")
+class Math500Task(TextTask):
+    config_class = Math500Config
+    cfg: Math500Config
+    template_fields = ("problem",)
+
+    @functools.cached_property
+    def _test(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        if cfg.data_path:
+            rows = load_jsonl(cfg.data_path, "task.data_path", ("problem", "answer"))
+        else:
+            rows = list(load_hub(cfg.hub_id, cfg.hub_config, "test", "task.hub_id"))
+        items = [_item(r, "task.data_path") for r in rows]
+        return [it for it in items if it is not None][: cfg.num_test]
+
+    @functools.cached_property
+    def _train(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        if cfg.train_data_path:
+            rows = load_jsonl(cfg.train_data_path, "task.train_data_path", ("problem",))
+        else:
+            rows = []
+            for subject in cfg.train_hub_configs:
+                rows += list(load_hub(cfg.train_hub_id, subject, "train", "task.train_hub_id"))
+        held_out = {it["problem"] for it in self._test}
+        items = [_item(r, "task.train_data_path") for r in rows]
+        items = [it for it in items if it is not None and it["problem"] not in held_out]
+        return seeded_subset(items, cfg.num_train, f"math500/train/{cfg.seed}")
+
+    def train_items(self) -> list[dict[str, Any]]:
+        return list(self._train)
+
+    def test_items(self) -> list[dict[str, Any]]:
+        return list(self._test)
+
+    def fields(self, item: dict[str, Any]) -> dict[str, str]:
+        return {"problem": item["problem"]}
+
+    def gold(self, item: dict[str, Any]) -> str:
+        return item["answer"]
+
+    def answer(self, item: dict[str, Any]) -> str:
+        return item["answer"] if self.compact else f"\\boxed{{{item['answer']}}}"
+
+    def reasoning(self, item: dict[str, Any]) -> str:
+        return (item.get("solution") or "").strip() or "See the answer."
+
+    def parse(self, completion: str) -> str:
+        return math_rewards.math_prediction(completion)
+
+    def reward_catalogue(self) -> dict[str, RewardFn]:
+        return {**format_catalogue(), "format": math_rewards.math_format_reward,
+                "correct": math_rewards.math_correctness_reward}
+
+    def reward_presets(self) -> dict[str, dict[str, float]]:
+        return {"d1": {"format": 1.0, "correct": 1.0}, "plain": {"correct": 1.0}}
