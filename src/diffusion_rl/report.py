@@ -1,0 +1,229 @@
+"""Offline report of one run or a multirun: PNG plots and a markdown table, no W&B needed.
+
+``python src/report.py <run folder | multirun folder> [--out DIR]`` reads every run folder below the
+given one (a folder with ``.hydra/``), each run's ``metrics.csv`` (one row per optimizer step, SPEC §6
+names), ``summary.json`` and ``.hydra/overrides.yaml``, and writes into ``<folder>/report/``:
+
+- ``grad_norm.png``: pre-clip gradient norm over optimizer steps (log scale), spikes marked ``x``;
+- ``reward.png``: mean rollout reward; ``ratio_log_std.png``: spread of the log importance ratios;
+  ``ess.png``: effective sample size of the self-normalised weights (objectives that have them);
+- ``report.md``: the table (spikes, max gradient norm, final reward, held-out accuracy before and
+  after RL, skipped updates) and the plots.
+
+One line per run, labelled by the overrides that differ between the runs (``eps=5``, ``eps=100``).
+A run without ``summary.json`` is listed as failed (with the error of its ``failed.json``), whatever
+it logged is still plotted.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PLOTS = (  # file, metric, title, log scale
+    ("grad_norm.png", "grad/norm", "pre-clip gradient norm (x = spike)", True),
+    ("reward.png", "train/reward", "mean rollout reward", False),
+    ("ratio_log_std.png", "ratio/log_std", "std of log importance ratios", False),
+    ("ess.png", "weights/ess", "effective sample size of the group weights", False),
+)
+FINAL_WINDOW = 5  # "final reward" = mean reward of the last 5 rollouts
+_IGNORED_KEYS = ("hydra.", "paths.", "trainer.enable_progress_bar")
+
+
+@dataclass
+class RunData:
+    path: Path
+    overrides: list[str]
+    metrics: dict[str, list[tuple[int, float]]]  # metric -> [(step, value)] in logged order
+    summary: dict[str, Any] | None
+    failure: dict[str, Any] | None
+    label: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.summary is None
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """The run folders at or below ``root``, multirun jobs in job-number order."""
+    root = Path(root)
+    if (root / ".hydra").is_dir():
+        return [root]
+    runs = sorted({p.parent.parent for p in root.rglob(".hydra/config.yaml")} |
+                  {p.parent.parent for p in root.rglob(".hydra/overrides.yaml")}, key=_job_order)
+    return [r for r in runs if "report" not in r.relative_to(root).parts]
+
+
+def _job_order(p: Path) -> tuple:
+    head = p.name.split("_", 1)[0]
+    return (str(p.parent), int(head) if head.isdigit() else math.inf, p.name)
+
+
+def load_run(path: Path) -> RunData:
+    overrides: list[str] = []
+    ov = path / ".hydra" / "overrides.yaml"
+    if ov.exists():
+        overrides = [str(o) for o in (yaml.safe_load(ov.read_text()) or [])]
+    metrics: dict[str, list[tuple[int, float]]] = {}
+    mpath = path / "metrics.csv"
+    if mpath.exists():
+        with open(mpath) as f:
+            for row in csv.DictReader(f):
+                step = int(float(row.get("step") or 0))
+                for k, v in row.items():
+                    if k != "step" and v not in ("", None):
+                        metrics.setdefault(k, []).append((step, float(v)))
+    summary = _read_json(path / "summary.json")
+    failure = _read_json(path / "failed.json")
+    return RunData(path, overrides, metrics, summary, failure)
+
+
+def _read_json(p: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_labels(overrides: list[list[str]], names: list[str]) -> list[str]:
+    """Label each run by the overrides whose values differ between the runs (``eps=5``)."""
+    parsed = [_parse_overrides(o) for o in overrides]
+    keys = list(dict.fromkeys(k for p in parsed for k in p))
+    differing = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
+    short = {k: k.lstrip("+~").rsplit(".", 1)[-1] for k in differing}
+    if len(set(short.values())) < len(short):  # ambiguous short names: keep the full keys
+        short = {k: k.lstrip("+~") for k in differing}
+    labels = [",".join(f"{short[k]}={p[k]}" for k in differing if k in p) for p in parsed]
+    return [lab or name for lab, name in zip(labels, names)]
+
+
+def _parse_overrides(overrides: list[str]) -> dict[str, str]:
+    out = {}
+    for o in overrides:
+        if "=" not in o:
+            continue
+        k, v = o.split("=", 1)
+        k = k.removeprefix("override ").strip()
+        if not k.lstrip("+~").startswith(_IGNORED_KEYS):
+            out[k] = v
+    return out
+
+
+def run_stats(run: RunData) -> dict[str, Any]:
+    """The table's numbers for one run (NaN where the run logged nothing)."""
+    m, s = run.metrics, run.summary or {}
+    norms = [v for _, v in m.get("grad/norm", [])]
+    spikes = m.get("grad/spikes_total")
+    rewards = [v for _, v in m.get("train/reward", [])]
+    skipped = m.get("train/skipped_updates")
+    after, before = s.get("after") or {}, s.get("before") or {}
+    acc_key = next(iter(after or before), None)
+    return {
+        "status": "ok" if not run.failed else "failed",
+        "steps": s.get("optimizer_steps", max((st for st, _ in m.get("grad/norm", [])), default=0)),
+        "spikes": int(spikes[-1][1]) if spikes else int(sum(v for _, v in m.get("grad/spike", []))),
+        "max_grad_norm": max(norms) if norms else math.nan,
+        "final_reward": sum(rewards[-FINAL_WINDOW:]) / len(rewards[-FINAL_WINDOW:]) if rewards else math.nan,
+        "acc_key": acc_key,
+        "acc_before": before.get(acc_key, math.nan) if acc_key else math.nan,
+        "acc_after": after.get(acc_key, math.nan) if acc_key else math.nan,
+        "skipped": int(s["skipped_updates"]) if "skipped_updates" in s else int(skipped[-1][1]) if skipped else 0,
+        "error": _error_line(run),
+    }
+
+
+def _error_line(run: RunData) -> str:
+    if not run.failed:
+        return ""
+    if run.failure:
+        msg = f"{run.failure.get('type', 'Error')}: {run.failure.get('error', '')}"
+    else:
+        msg = "no summary.json (crashed, interrupted or still running)"
+    msg = " ".join(msg.split()).replace("|", "/")
+    return msg if len(msg) <= 120 else msg[:117] + "..."
+
+
+def markdown_table(runs: list[RunData]) -> str:
+    keys = {r.stats["acc_key"] for r in runs if r.stats["acc_key"]}
+    acc_name = keys.pop() if len(keys) == 1 else "accuracy"
+    head = ["run", "status", "steps", "grad spikes", "max grad norm", f"final reward (last {FINAL_WINDOW})",
+            f"held-out {acc_name} before -> after", "skipped updates"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        st = r.stats
+        status = st["status"] if not st["error"] else f"failed: {st['error']}"
+        acc = f"{_fmt(st['acc_before'])} -> {_fmt(st['acc_after'])}" if not r.failed else "-"
+        lines.append("| " + " | ".join([r.label, status, str(st["steps"]), str(st["spikes"]), _fmt(st["max_grad_norm"]),
+                                         _fmt(st["final_reward"]), acc, str(st["skipped"])]) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(x: Any) -> str:
+    return "-" if not isinstance(x, (int, float)) or math.isnan(x) else f"{x:.3f}"
+
+
+def plot_metric(runs: list[RunData], metric: str, title: str, path: Path, log_y: bool = False) -> bool:
+    """One line per run that logged ``metric``; False (no file) when none did."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    have = [r for r in runs if r.metrics.get(metric)]
+    if not have:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    cmap = plt.get_cmap("tab20" if len(runs) > 10 else "tab10")
+    for i, r in enumerate(runs):
+        pts = r.metrics.get(metric)
+        if not pts:
+            continue
+        color = cmap(i % cmap.N)
+        style = "--" if r.failed else "-"
+        ax.plot([s for s, _ in pts], [v for _, v in pts], style, color=color, lw=1.2, label=r.label)
+        if metric == "grad/norm":
+            spikes = {s for s, v in r.metrics.get("grad/spike", []) if v > 0}
+            xs = [(s, v) for s, v in pts if s in spikes]
+            if xs:
+                ax.plot([s for s, _ in xs], [v for _, v in xs], "x", color=color, ms=8, mew=2)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def build_report(root: str | Path, out_dir: str | Path | None = None) -> tuple[Path, list[RunData]]:
+    """Write the plots and ``report.md``; returns the report's path and the runs it covers."""
+    root = Path(root)
+    paths = find_runs(root)
+    if not paths:
+        raise FileNotFoundError(f"no run folders (with .hydra/) under {root}")
+    runs = [load_run(p) for p in paths]
+    for r, lab in zip(runs, run_labels([r.overrides for r in runs], [p.name for p in paths])):
+        r.label = lab
+        r.stats = run_stats(r)
+    out = Path(out_dir) if out_dir is not None else root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    made = [(f, title) for f, metric, title, log_y in PLOTS if plot_metric(runs, metric, title, out / f, log_y)]
+    failed = [r for r in runs if r.failed]
+    lines = [f"# Report: {root}", "", f"{len(runs)} runs, {len(failed)} failed. Labels are the overrides that "
+             "differ between runs. Spikes: pre-clip gradient norm above `diagnostics.spike_factor` x its "
+             "running median.", "", markdown_table(runs), ""]
+    lines += [f"![{title}]({f})" for f, title in made]
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report, runs

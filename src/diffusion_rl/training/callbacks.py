@@ -1,0 +1,128 @@
+"""``DiagnosticsCallback``: turns the module's per-update rows into the logged diagnostics (SPEC §6).
+
+The module computes what only it can (loss, the objective's metric dict, the pre-clip gradient norm,
+rollout statistics and timings) and leaves one row per optimizer step in ``pending_rows``. After each
+training batch (one rollout, ``mu`` optimizer steps) this callback
+
+1. adds the gradient-spike metrics (``grad/norm_ema``, ``grad/spike``, ``grad/spikes_total``) from
+   its :class:`GradSpikeTracker`, whose state rides in the checkpoint (Lightning stores callback
+   state), so a resumed run keeps counting;
+2. merges the rows of all processes with sums and counts (:func:`combine_rows`) when there are
+   several and the module's rows are per process (a module whose ``metrics_are_global`` is true
+   computes them on the gathered batch already), and writes one row per optimizer step to every
+   logger, at that step;
+3. every ``samples_every_n_steps`` optimizer steps, logs a table of sample completions (prompt,
+   completion, reward): a W&B table when W&B logs, and ``samples.jsonl`` in the run folder.
+
+On an exception the rows of the unfinished batch are still written, and W&B runs are closed as failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from diffusion_rl.training.diagnostics import DiagnosticsConfig, GradSpikeTracker, combine_rows
+
+log = logging.getLogger(__name__)
+
+
+class DiagnosticsCallback(L.Callback):
+    def __init__(self, cfg: DiagnosticsConfig | None = None, run_dir: str | Path | None = None):
+        self.cfg = cfg or DiagnosticsConfig()
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.tracker = GradSpikeTracker(self.cfg)
+        self.last_table_step = 0
+
+    # ---- checkpoint state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"tracker": self.tracker.state_dict(), "last_table_step": self.last_table_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.tracker.load_state_dict(state_dict["tracker"])
+        self.last_table_step = state_dict.get("last_table_step", 0)
+
+    # ---- hooks --------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._flush(trainer, pl_module, len(batch) * _group_size(pl_module))
+        every = self.cfg.samples_every_n_steps
+        if every and trainer.global_step // every > self.last_table_step // every:
+            self.last_table_step = trainer.global_step
+            self._log_samples(trainer, pl_module)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._flush(trainer, pl_module, 1)
+        from diffusion_rl.training.loggers import finish_loggers
+
+        finish_loggers(trainer.loggers, failed=True)
+
+    # ---- work -------------------------------------------------------------------------------
+    def _flush(self, trainer, pl_module, local_samples: int) -> None:
+        pending = list(getattr(pl_module, "pending_rows", []))
+        if hasattr(pl_module, "pending_rows"):
+            pl_module.pending_rows.clear()
+        if not pending:
+            return
+        rows = []
+        for step, row in pending:
+            row = dict(row)
+            norm = row.get("grad/norm")
+            if norm is not None and math.isfinite(norm):
+                row.update(self.tracker.update(float(norm)))
+            rows.append((step, row))
+        if not getattr(pl_module, "metrics_are_global", False):  # the module's rows are per process
+            rows = _reduce_across_processes(rows, local_samples)
+        for step, row in rows:
+            for logger in trainer.loggers:
+                logger.log_metrics(row, step=step)
+        pl_module.last_metrics = rows[-1][1]
+
+    def _log_samples(self, trainer, pl_module) -> None:
+        ro = getattr(pl_module, "last_rollout", None)
+        if ro is None:
+            return
+        items, texts = ro.extras.get("items"), ro.extras.get("texts")
+        if items is None or texts is None:
+            return
+        n = min(self.cfg.num_samples, len(texts))
+        # one sample from each of the first groups, then the next one of each, ... (spread over prompts)
+        G = ro.group_size
+        order = sorted(range(len(texts)), key=lambda i: (i % G, i // G))[:n]
+        step = trainer.global_step
+        rows = [[step, pl_module.task.prompt(items[i]), texts[i], float(ro.rewards[i])] for i in order]
+        columns = ["step", "prompt", "completion", "reward"]
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_table"):  # W&B (Lightning's WandbLogger)
+                logger.log_table(key="samples/completions", columns=columns, data=rows, step=step)
+        if self.run_dir is not None and trainer.is_global_zero:
+            with open(self.run_dir / "samples.jsonl", "a") as f:
+                for r in rows:
+                    f.write(json.dumps(dict(zip(columns, r))) + "\n")
+
+
+def _group_size(pl_module) -> int:
+    task = getattr(pl_module, "task", None)
+    return int(getattr(getattr(task, "cfg", None), "group_size", 1))
+
+
+def _reduce_across_processes(rows: list[tuple[int, dict[str, float]]], local_samples: int
+                             ) -> list[tuple[int, dict[str, float]]]:
+    """One collective per batch: gather every process's rows, merge them position by position."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return rows
+    world = torch.distributed.get_world_size()
+    if world == 1:
+        return rows
+    gathered: list[Any] = [None] * world
+    torch.distributed.all_gather_object(gathered, (rows, local_samples))
+    merged = []
+    for i, (step, _) in enumerate(rows):
+        parts = [(r[i][1], n) for r, n in gathered if i < len(r)]
+        merged.append((step, combine_rows([p for p, _ in parts], [n for _, n in parts])))
+    return merged

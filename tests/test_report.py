@@ -1,0 +1,116 @@
+"""The offline report on hand-written run folders: plots, labels, numbers, failed runs."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diffusion_rl.report import build_report, find_runs, run_labels
+
+from .helpers import CONF
+
+ROOT = CONF.parent
+COLUMNS = ["step", "grad/norm", "grad/norm_ema", "grad/spike", "grad/spikes_total", "train/reward",
+           "ratio/log_std", "weights/ess", "train/skipped_updates"]
+
+
+def write_run(folder, overrides, norms, spikes, rewards, summary=None, failure=None, skipped=0):
+    """A run folder as train() leaves it: metrics.csv (rollout metrics every 2nd row), .hydra, summary."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (folder / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    total = 0
+    with open(folder / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        for i, (n, s) in enumerate(zip(norms, spikes)):
+            total += s
+            w.writerow({"step": i + 1, "grad/norm": n, "grad/norm_ema": n, "grad/spike": float(s),
+                        "grad/spikes_total": float(total), "train/reward": rewards[i // 2] if i % 2 == 0 else "",
+                        "ratio/log_std": 0.1 * (i + 1), "weights/ess": 4.0 - 0.1 * i,
+                        "train/skipped_updates": float(skipped)})
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    if failure is not None:
+        (folder / "failed.json").write_text(json.dumps(failure))
+
+
+@pytest.fixture
+def multirun(tmp_path):
+    root = tmp_path / "multirun"
+    write_run(root / "0_objective.eps=5", ["objective=stabledrl", "objective.eps=5", "seed=0"],
+              norms=[1, 1, 1, 1, 1, 1, 1, 1], spikes=[0] * 8, rewards=[0.1, 0.2, 0.3, 0.4],
+              summary={"before": {"cell_accuracy": 0.5, "solved_rate": 0.1},
+                       "after": {"cell_accuracy": 0.625, "solved_rate": 0.2}, "skipped_updates": 0,
+                       "optimizer_steps": 8})
+    write_run(root / "1_objective.eps=100", ["objective=stabledrl", "objective.eps=100", "seed=0"],
+              norms=[1, 1, 1, 1, 1, 12.5, 1, 30], spikes=[0, 0, 0, 0, 0, 1, 0, 1], rewards=[0.4, 0.3, 0.2, 0.0],
+              summary={"before": {"cell_accuracy": 0.5}, "after": {"cell_accuracy": 0.25},
+                       "skipped_updates": 3, "optimizer_steps": 8}, skipped=3)
+    write_run(root / "2_objective.eps=1000", ["objective=stabledrl", "objective.eps=1000", "seed=0"],
+              norms=[1, 50], spikes=[0, 1], rewards=[0.3],
+              failure={"type": "RuntimeError", "error": "51 consecutive updates had a non-finite loss"})
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    return root
+
+
+def test_labels_are_the_overrides_that_differ():
+    ovs = [["objective=stabledrl", "objective.eps=5", "seed=0"], ["objective=stabledrl", "objective.eps=100", "seed=0"]]
+    assert run_labels(ovs, ["a", "b"]) == ["eps=5", "eps=100"]
+    ovs = [["ablation=clip_only", "eps=5", "seed=0"], ["ablation=stabledrl", "eps=5", "seed=1"]]
+    assert run_labels(ovs, ["a", "b"]) == ["ablation=clip_only,seed=0", "ablation=stabledrl,seed=1"]
+    # the same last component under two keys: keep the full keys
+    ovs = [["objective.eps=5", "likelihood.eps=1"], ["objective.eps=100", "likelihood.eps=2"]]
+    assert run_labels(ovs, ["a", "b"]) == ["objective.eps=5,likelihood.eps=1", "objective.eps=100,likelihood.eps=2"]
+    assert run_labels([["seed=0"], ["seed=0"]], ["a", "b"]) == ["a", "b"]  # nothing differs: folder names
+    assert run_labels([["paths.cache_dir=/x", "seed=0"], ["paths.cache_dir=/y", "seed=0"]], ["a", "b"]) == ["a", "b"]
+
+
+def test_report_on_two_runs_and_a_failed_one(multirun):
+    report, runs = build_report(multirun)
+    assert [r.label for r in runs] == ["eps=5", "eps=100", "eps=1000"]
+    out = multirun / "report"
+    for name in ("grad_norm.png", "reward.png", "ratio_log_std.png", "ess.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+    text = report.read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| eps=")}
+    # run | status | steps | spikes | max grad norm | final reward (last 5) | held-out before -> after | skipped
+    assert rows["eps=5"] == "| eps=5 | ok | 8 | 0 | 1.000 | 0.250 | 0.500 -> 0.625 | 0 |"
+    assert rows["eps=100"] == "| eps=100 | ok | 8 | 2 | 30.000 | 0.225 | 0.500 -> 0.250 | 3 |"
+    assert rows["eps=1000"].startswith("| eps=1000 | failed: RuntimeError: 51 consecutive updates had a non-finite loss |")
+    assert "| 1 | 50.000 | 0.300 | - |" in rows["eps=1000"]  # what it logged before failing
+    assert "held-out cell_accuracy before -> after" in text
+    assert "3 runs, 1 failed" in text
+    assert "![pre-clip gradient norm (x = spike)](grad_norm.png)" in text
+
+
+def test_a_run_without_summary_or_failed_json_is_failed_not_a_crash(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, ["objective=grpo"], norms=[1.0], spikes=[0], rewards=[0.5])
+    report, runs = build_report(run)
+    assert runs[0].failed and runs[0].label == "run"
+    assert "failed: no summary.json (crashed, interrupted or still running)" in report.read_text()
+    assert (run / "report" / "grad_norm.png").exists()  # what it logged is still plotted
+    (run / "metrics.csv").unlink()  # nothing logged at all
+    report, _ = build_report(run)
+    assert "failed" in report.read_text()
+
+
+def test_find_runs_skips_the_report_and_orders_by_job_number(multirun):
+    (multirun / "10_objective.eps=7" / ".hydra").mkdir(parents=True)
+    (multirun / "10_objective.eps=7" / ".hydra" / "overrides.yaml").write_text("- objective.eps=7\n")
+    names = [p.name for p in find_runs(multirun)]
+    assert names == ["0_objective.eps=5", "1_objective.eps=100", "2_objective.eps=1000", "10_objective.eps=7"]
+
+
+def test_entry_point_prints_the_table(multirun, tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "src" / "report.py"), str(multirun), "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| eps=100 | ok |" in out.stdout and (tmp_path / "r" / "report.md").exists()
+    bad = subprocess.run([sys.executable, str(ROOT / "src" / "report.py"), str(tmp_path / "nothing")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no run folders" in bad.stderr
