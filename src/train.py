@@ -17,11 +17,18 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    from hydra.types import RunMode
+
     from diffusion_rl.cli import exit_on_config_error
+    from diffusion_rl.sweep import run_job
     from diffusion_rl.train import format_summary, train
 
-    with exit_on_config_error():
-        summary = train(cfg, HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir, multirun = hc.runtime.output_dir, hc.mode == RunMode.MULTIRUN
+    with exit_on_config_error():  # in a multirun a failed job writes failed.json and the sweep goes on
+        summary = run_job(lambda: train(cfg, run_dir), run_dir, multirun)
+    if summary is None:
+        return float("nan")
     print(format_summary(summary))
     after = summary.get("after") or {}
     return next(iter(after.values()), None)  # the metric a sweeper optimises

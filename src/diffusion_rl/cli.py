@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,9 @@ def run_hydra_app(main: Callable[[], object], conf_dir: Path) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    # conf/hydra/launcher/joblib.yaml sets 2 workers over the plugin's schema of the same name, which
+    # Hydra 1.3 still supports but announces as deprecated on every run
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/joblib' is validated against ConfigStore schema")
     with exit_on_config_error():
         check_group_choices(sys.argv[1:], conf_dir)
     main()

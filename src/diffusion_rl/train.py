@@ -23,11 +23,21 @@ from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, build_policy
 from diffusion_rl.objectives import OBJECTIVES, Objective
 from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.sampling.block import check_block_sampler
 from diffusion_rl.tasks import TASKS, Task, TaskDataModule
+from diffusion_rl.training.callbacks import DiagnosticsCallback
+from diffusion_rl.training.checkpoint import (
+    AtomicCheckpointIO,
+    continue_csv_log,
+    resolve_checkpoint,
+)
 from diffusion_rl.training.diagnostics import DiagnosticsConfig
 from diffusion_rl.training.evaluation import evaluate
+from diffusion_rl.training.faults import FaultConfig, FaultInjector
+from diffusion_rl.training.loggers import finish_loggers, make_loggers
 from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
 from diffusion_rl.training.progress import RLProgressBar
+from diffusion_rl.training.strategy import make_strategy
 from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
 
 log = logging.getLogger(__name__)
@@ -39,6 +49,7 @@ class TrainerConfig:
     accelerator: str = "auto"
     devices: Any = 1
     strategy: str = "auto"
+    strategy_kwargs: dict[str, Any] = field(default_factory=dict)  # training/strategy.py (ddp, fsdp)
     precision: str = "32-true"
     checkpoint_every_n_steps: int = 50
     enable_progress_bar: bool = True
@@ -91,21 +102,13 @@ def build(cfg: DictConfig) -> Components:
     diag = from_dict(DiagnosticsConfig, cfg.diagnostics, "diagnostics")
     ev = from_dict(EvalConfig, cfg.eval, "eval")
     bundle = build_policy(model_cfg)
-    objective = obj_cls(obj_cfg, lik_cls(lik_cfg, bundle.mask_token_id))
+    task.use_tokenizer(bundle.tokenizer)  # chat prompts use the model's chat template
+    likelihood = lik_cls(lik_cfg, bundle.mask_token_id)
+    likelihood.bind(bundle)  # an estimator that depends on the model checks it here (staircase: a block model)
+    if bundle.block_size > 0:
+        check_block_sampler(sampler, bundle.block_size)
+    objective = obj_cls(obj_cfg, likelihood)
     return Components(task, bundle, objective, sampler, optim, trainer, ws, diag, ev)
-
-
-def make_loggers(cfg: DictConfig, run_dir: Path) -> list:
-    names = list(cfg.logger.get("names", ["csv"]))
-    loggers = []
-    for name in names:
-        if name == "csv":
-            loggers.append(L.pytorch.loggers.CSVLogger(run_dir, name="", version=""))
-        elif name == "tensorboard":
-            loggers.append(L.pytorch.loggers.TensorBoardLogger(run_dir, name="tb", version=""))
-        else:
-            raise ConfigError("logger.names", name, "allowed: csv, tensorboard")
-    return loggers
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
@@ -114,6 +117,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     t_start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     c = build(cfg)
+    fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
+    # ckpt_path=last | a run folder | a file; a missing or corrupt one stops here, before any work
+    ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
     progress = c.trainer.enable_progress_bar
     key_parts = {"model": OmegaConf.to_container(cfg.model, resolve=True),
                  "task": {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items()
@@ -131,35 +137,51 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if c.eval.before:
         summary["before"], _ = evaluate(c.bundle, c.task, test_items, c.sampler, c.eval.batch_size,
                                         "evaluating before RL" if progress else None)
-    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, c.diagnostics, cfg.seed)
+    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, cfg.seed,
+                               old_policy=cfg.get("old_policy", "copy"))
+    module.warm_start = provenance
+    diagnostics = DiagnosticsCallback(c.diagnostics, run_dir)
+    loggers = make_loggers(cfg, run_dir)
+    if ckpt is not None:  # resuming in this folder: keep the metric rows up to the checkpoint
+        continue_csv_log(loggers, ckpt.global_step)
     ckpt_cb = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", save_last=True, save_top_k=-1 if c.trainer.checkpoint_every_n_steps else 0,
         every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
-        auto_insert_metric_name=False,
+        auto_insert_metric_name=False, enable_version_counter=False,  # resume overwrites last.ckpt
     )
     trainer = L.Trainer(
         max_steps=c.trainer.max_steps, max_epochs=-1, accelerator=c.trainer.accelerator, devices=c.trainer.devices,
-        strategy=c.trainer.strategy, precision=c.trainer.precision, logger=make_loggers(cfg, run_dir),
-        callbacks=[ckpt_cb] + ([RLProgressBar()] if progress else []), enable_progress_bar=progress, enable_model_summary=False,
+        strategy=make_strategy(c.trainer.strategy, c.trainer.strategy_kwargs, c.bundle.net),
+        precision=c.trainer.precision, logger=loggers,
+        callbacks=[ckpt_cb, diagnostics] + ([RLProgressBar()] if progress else [])
+        + ([FaultInjector(fault)] if fault.kind != "none" else []), plugins=[AtomicCheckpointIO()], enable_progress_bar=progress, enable_model_summary=False,
         default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **c.trainer.extra,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-    if c.eval.after:
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
+    if not trainer.is_global_zero:  # data parallel: the first process evaluates and writes the summary
+        return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step)}
+    sharded = "FSDP" in type(trainer.strategy).__name__  # the policy's weights are sharded over processes
+    if sharded and c.eval.after:
+        log.warning("eval.after is skipped under FSDP: evaluate the saved checkpoint with src/eval.py")
+    if c.eval.after and not sharded:
         summary["after"], records = evaluate(c.bundle, c.task, test_items, c.sampler, c.eval.batch_size,
                                              "evaluating after RL" if progress else None)
         with open(run_dir / "eval_generations.jsonl", "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
     summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
-                    "skipped_updates": module.skipped_updates, "grad": module.tracker.summary(),
+                    "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
                     "wall_s": time.perf_counter() - t_start})
     with open(run_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2, default=str)
+    finish_loggers(loggers, summary)
     return summary
 
 
 def format_summary(summary: dict[str, Any]) -> str:
     """A short human-readable report of a finished run."""
+    if summary.get("process"):  # a data-parallel worker: the first process reports
+        return f"process {summary['process']} done after {summary.get('optimizer_steps')} optimizer steps"
     lines = ["", "=" * 60, "RL run summary"]
     for phase in ("before", "after"):
         if phase in summary:

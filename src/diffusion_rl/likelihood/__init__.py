@@ -3,6 +3,7 @@
 from diffusion_rl.likelihood import (
     elbo,  # noqa: F401  (registers "elbo")
     one_step,  # noqa: F401  (registers "one_step")
+    staircase,  # noqa: F401  (registers "staircase")
 )
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,

@@ -30,9 +30,12 @@ def _mix(*parts: int) -> int:
     return h & 0x7FFFFFFFFFFFFFFF
 
 
-def mask_seeds(run_seed: int, rollout_id: int, num_samples: int, inner_iter: int) -> list[int]:
-    """One seed per sample of a rollout batch for one inner iteration."""
-    return [_mix(run_seed, rollout_id, j, inner_iter) for j in range(num_samples)]
+def mask_seeds(run_seed: int, rollout_id: int, num_samples: int, inner_iter: int, offset: int = 0) -> list[int]:
+    """One seed per sample of a rollout batch for one inner iteration.
+
+    ``offset`` is the global index of the first sample (a process's share of a data-parallel batch),
+    so a sample draws the same masks whatever the number of processes."""
+    return [_mix(run_seed, rollout_id, j, inner_iter) for j in range(offset, offset + num_samples)]
 
 
 def rand_rows(seeds: list[int], width: int, device: torch.device | str = "cpu", k: int = 1) -> torch.Tensor:
@@ -70,6 +73,12 @@ class LikelihoodEstimator(ABC):
         cfg.validate()
         self.cfg = cfg
         self.mask_id = mask_id
+
+    def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
+        """Check the estimator fits the policy (a :class:`PolicyBundle`) and read what it needs from it.
+
+        Called once at build time, before any work; estimators that work with any model keep this no-op.
+        """
 
     @abstractmethod
     def __call__(

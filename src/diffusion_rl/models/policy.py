@@ -31,13 +31,29 @@ class ModelConfig:
     ffn_mult: float = 2.75
     max_len: int = 512
     block_size: int = 0  # >0: block diffusion (block-causal attention)
+    # the attention accepts a boolean (B, 1, L, L) mask and position ids (likelihood=staircase needs
+    # it); the embedded model does; a Hugging Face model says so in its config
+    custom_attention_mask: bool = True
     learned_positions: bool = True  # learned absolute positions on top of rotary ones
-    # Hugging Face models (later issue): path or hub id and special ids
+    # Hugging Face models (models/hf.py): a local folder or hub id, special ids (else the tokenizer's)
     path: str | None = None
     mask_token_id: int | None = None
     eos_token_id: int | None = None
-    trust_remote_code: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False  # run the checkpoint's own modelling code; never on unless set
+    auto_class: str = "auto"  # auto | AutoModel | AutoModelForMaskedLM | AutoModelForCausalLM
+    # native: the model masks attention itself (LLaDA); bidirectional | block_causal: a 4D mask built
+    # here from the padding mask (makes a decoder-only architecture a diffusion LM)
+    attention: str = "bidirectional"
+    extra: dict[str, Any] = field(default_factory=dict)  # more from_pretrained kwargs (attn_implementation, revision)
+    # training options, any model (models/adapters.py)
+    dtype: str = "float32"  # weights: float32 | bfloat16 | float16 (bf16 compute: trainer.precision=bf16-mixed)
+    gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward
+    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
+    lora_alpha: float = 64.0
+    lora_dropout: float = 0.05
+    # module names (suffix match) or one regular expression (full match) for LoRA
+    lora_targets: list[str] | str = field(default_factory=lambda: list(LORA_TARGETS))
+    load_in_4bit: bool = False  # 4-bit NF4 base weights (bitsandbytes, CUDA), LoRA on top
 
     def validate(self) -> None:
         for key in ("d_model", "n_layers", "n_heads", "max_len"):
@@ -47,6 +63,29 @@ class ModelConfig:
             raise ConfigError("model.d_model", self.d_model, f"must be divisible by model.n_heads={self.n_heads}")
         if self.block_size < 0:
             raise ConfigError("model.block_size", self.block_size, "must be >= 0 (0 = full attention)")
+        choices = {"auto_class": AUTO_CLASSES, "attention": ATTENTION, "dtype": tuple(DTYPES)}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"model.{key}", getattr(self, key), f"allowed: {', '.join(allowed)}")
+        if self.attention == "block_causal" and self.block_size < 1:
+            raise ConfigError("model.block_size", self.block_size, "must be >= 1 with model.attention=block_causal")
+        if self.lora_r < 0:
+            raise ConfigError("model.lora_r", self.lora_r, "must be >= 0 (0 = full fine-tuning)")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError("model.lora_dropout", self.lora_dropout, "must be in [0, 1)")
+        if self.lora_alpha <= 0:
+            raise ConfigError("model.lora_alpha", self.lora_alpha, "must be > 0")
+        if not self.lora_targets:
+            raise ConfigError("model.lora_targets", self.lora_targets, "must name at least one module")
+        if self.load_in_4bit and self.lora_r == 0:
+            raise ConfigError("model.load_in_4bit", True, "needs LoRA (model.lora_r > 0): 4-bit weights are not trained")
+
+
+# attention and MLP projections of Llama-style models (Llama, Qwen, SDAR); LLaDA's are in its config
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AUTO_CLASSES = ("auto", "AutoModel", "AutoModelForMaskedLM", "AutoModelForCausalLM")
+ATTENTION = ("native", "bidirectional", "block_causal")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -57,14 +96,16 @@ class PolicyBundle:
     eos_token_id: int
     pad_token_id: int
     block_size: int = 0
+    custom_attention_mask: bool = True  # see ModelConfig.custom_attention_mask
 
 
 def logits_fn(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
-    """Adapt a network to ``(ids, attention_mask) -> logits (B, T, V)`` float32."""
+    """Adapt a network to ``(ids, attention_mask[, position_ids]) -> logits (B, T, V)`` float32."""
 
-    def forward(ids: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
-        out = net(input_ids=ids, attention_mask=attn)
-        return out.logits.float()
+    def forward(ids: torch.Tensor, attn: torch.Tensor | None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            return net(input_ids=ids, attention_mask=attn).logits.float()
+        return net(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits.float()
 
     return forward
 
@@ -82,20 +123,33 @@ def build_tiny(cfg: ModelConfig) -> PolicyBundle:
             learned_positions=cfg.learned_positions,
         )
     )
-    return PolicyBundle(net, tok, tok.mask_token_id, tok.eos_token_id, tok.pad_token_id, cfg.block_size)
+    return PolicyBundle(net, tok, tok.mask_token_id, tok.eos_token_id, tok.pad_token_id, cfg.block_size,
+                        cfg.custom_attention_mask)
 
 
 def build_policy(cfg: ModelConfig) -> PolicyBundle:
+    """Build the named model, then apply the training options (LoRA, activation checkpointing)."""
+    import diffusion_rl.models.hf  # noqa: F401  (registers "hf")
+    from diffusion_rl.models.adapters import prepare_for_training
+
     cfg.validate()
-    return MODELS.get(cfg.name)(cfg)
+    bundle = MODELS.get(cfg.name)(cfg)
+    bundle.net = prepare_for_training(bundle.net, cfg)
+    return bundle
 
 
-def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask, (B, P) each."""
+def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu",
+                   pad_to_multiple_of: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, (B, P) each.
+
+    ``pad_to_multiple_of = block_size`` (block models) makes ``P`` whole blocks, so that blocks counted
+    from the first position start the completion on a block boundary.
+    """
     old_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
-        enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
+        enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt",
+                        pad_to_multiple_of=pad_to_multiple_of or None)
     finally:
         tokenizer.padding_side = old_side
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)

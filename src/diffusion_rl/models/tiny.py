@@ -2,9 +2,19 @@
 
 RMSNorm, rotary positions, SwiGLU and SDPA attention, like LLaDA at a scale that trains on two CPU
 cores. ``block_size > 0`` makes attention block-causal (bidirectional inside a block, causal across
-blocks) for SDAR-style block diffusion. The call signature matches a Hugging Face model:
+blocks) for SDAR-style block diffusion; blocks are counted from the first position of the input, so
+a caller that wants the completion to start a block left-pads the prompt to whole blocks. The call
+signature matches a Hugging Face model:
 ``model(input_ids=..., attention_mask=..., position_ids=...).logits``; ``attention_mask`` is either
 a ``(B, L)`` padding mask or a boolean ``(B|1, 1, L, L)`` "may attend" mask.
+
+Key/value cache (block diffusion sampling): ``use_cache=True`` returns ``past_key_values``, one
+``(k, v)`` pair per layer, each ``(B, H, S, Dh)`` with rotary positions already applied; passing them
+back as ``past_key_values`` makes the new ``input_ids`` (B, L) attend to the cached ``S`` keys and to
+themselves, as if the whole ``S + L`` sequence had been fed (exact where the cached tokens never
+attend to the new ones, i.e. for finished blocks of a block-causal model). With a cache, a 2D
+``attention_mask`` covers the cached and the new tokens, ``(B, S + L)``, and a 4D one is
+``(B|1, 1, L, S + L)``, as in Hugging Face models. The cache is never modified in place.
 """
 
 from __future__ import annotations
@@ -30,9 +40,13 @@ class TinyConfig:
     learned_positions: bool = False  # add learned absolute position embeddings to rotary ones
 
 
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each (B, H, S, Dh)
+
+
 @dataclass
 class TinyOutput:
     logits: torch.Tensor  # (B, L, V)
+    past_key_values: KVCache | None = None  # with use_cache=True: cached and new keys/values
 
 
 class RMSNorm(nn.Module):
@@ -68,25 +82,31 @@ class Block(nn.Module):
         self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, d, bias=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """-> (new x (B, L, D), this layer's keys/values over cached + new tokens (B, H, S + L, Dh))."""
         B, L, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
         q, k = rotary(q, pos, self.rope_base), rotary(k, pos, self.rope_base)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)  # (B, H, S + L, Dh)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, L, Dh)
         x = x + self.proj(att.transpose(1, 2).reshape(B, L, D))
         gate, up = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return x + self.down(F.silu(gate) * up), (k, v)
 
 
-def block_causal_mask(length: int, block_size: int, device=None) -> torch.Tensor:
-    """Boolean (L, L): query i may attend key j iff block(j) <= block(i)."""
+def block_causal_mask(length: int, block_size: int, device=None, past: int = 0) -> torch.Tensor:
+    """Boolean (L - past, L): query i (at index past + i) may attend key j iff block(j) <= block(i)."""
     blk = torch.arange(length, device=device) // block_size
-    return blk[None, :] <= blk[:, None]
+    return blk[None, :] <= blk[past:, None]
 
 
 class TinyDiffusionLM(nn.Module):
     """Bidirectional (or block-causal) transformer mapping ids (B, L) to logits (B, L, V)."""
+
+    supports_kv_cache = True  # the block sampler may cache finished blocks (see the module docstring)
 
     def __init__(self, cfg: TinyConfig):
         super().__init__()
@@ -109,26 +129,37 @@ class TinyDiffusionLM(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
     ) -> TinyOutput:
         B, L = input_ids.shape
+        past = 0 if past_key_values is None else past_key_values[0][0].shape[-2]
+        S = past + L  # keys: cached then new
+        dev = input_ids.device
         mask = None
         if attention_mask is not None and attention_mask.dim() == 2:
-            keep = attention_mask.bool()  # (B, L) padding mask
+            keep = attention_mask.bool()  # (B, S) padding mask over cached and new tokens
+            if keep.shape[-1] != S:
+                raise ValueError(f"2D attention_mask covers {keep.shape[-1]} tokens; expected cached + new = {S}")
             if position_ids is None:
-                position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
-            mask = keep[:, None, None, :]  # (B, 1, 1, L)
+                position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+            mask = keep[:, None, None, :]  # (B, 1, 1, S)
         elif attention_mask is not None:
-            mask = attention_mask.bool()  # (B|1, 1, L, L)
+            mask = attention_mask.bool()  # (B|1, 1, L, S)
         if self.config.block_size > 0 and (attention_mask is None or attention_mask.dim() == 2):
-            bc = block_causal_mask(L, self.config.block_size, input_ids.device)[None, None]
+            bc = block_causal_mask(S, self.config.block_size, dev, past)[None, None]  # (1, 1, L, S)
             mask = bc if mask is None else (mask & bc)
+            if attention_mask is not None:  # a query always sees itself: a block of padding alone
+                mask = mask | (torch.arange(S, device=dev) == torch.arange(past, S, device=dev)[:, None])  # has no key
         if position_ids is None:
-            position_ids = torch.arange(L, device=input_ids.device).expand(B, L)
+            position_ids = torch.arange(past, S, device=dev).expand(B, L)
         if mask is not None and mask.shape[0] == 1 and mask.shape[-2] == 1:
             mask = None if bool(mask.all()) else mask
         x = self.embed(input_ids)  # (B, L, D)
         if self.pos_embed is not None:
             x = x + self.pos_embed(position_ids.clamp(max=self.config.max_len - 1))
-        for blk in self.blocks:
-            x = blk(x, position_ids, mask)
-        return TinyOutput(logits=self.head(self.norm(x)).float())
+        cache: KVCache = []
+        for i, blk in enumerate(self.blocks):
+            x, kv = blk(x, position_ids, mask, None if past_key_values is None else past_key_values[i])
+            cache.append(kv)
+        return TinyOutput(logits=self.head(self.norm(x)).float(), past_key_values=cache if use_cache else None)

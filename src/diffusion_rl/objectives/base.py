@@ -1,8 +1,14 @@
 """What every objective shares: the config, group-relative advantages, the step context, k3 KL.
 
 An objective turns one rollout batch into a scalar loss for one inner update. It asks its likelihood
-estimator for ``log pi_theta`` (with gradients) and ``log pi_old`` / ``log pi_ref`` (without), then
-calls a pure tensor loss function. Objectives know nothing of Lightning.
+estimator for ``log pi_theta`` (with gradients) and ``log pi_ref`` (without), gets ``log pi_old``
+from :meth:`Objective.behaviour`, then calls a pure tensor loss function on the rows of all
+processes (``rollout.shard.gather``). Objectives know nothing of Lightning.
+
+The behaviour policy's values come from :meth:`Objective.old_values`, which the module either calls
+during each inner update with a frozen copy of the policy (``old_policy=copy``) or calls for every
+inner iteration right after the rollout, while the policy still *is* the behaviour policy
+(``old_policy=cached``: no second model); :meth:`Objective.behaviour` reads whichever applies.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 import torch
 
+from diffusion_rl.distributed import Shard
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.registry import Registry
 
@@ -51,6 +58,8 @@ class Rollout:
     rewards: torch.Tensor  # (N,)
     advantages: torch.Tensor  # (N,)
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. the recorded trajectory
+    # this process's rows of the global batch (mask seeds use global row ids: shard.offset + j)
+    shard: Shard = field(default_factory=Shard)
 
 
 @dataclass
@@ -61,9 +70,10 @@ class StepContext:
     inner_iter: int
     run_seed: int
     policy: Forward  # with gradients
-    old_policy: Forward  # frozen behaviour policy
+    old_policy: Forward | None  # frozen behaviour policy (None with old_policy=cached)
     ref_policy: Forward | None  # frozen reference policy (beta > 0)
     cache: dict[str, Any] = field(default_factory=dict)  # per-rollout memo shared across inner iters
+    old_values: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed old_values()
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
@@ -113,6 +123,37 @@ class Objective(ABC):
         """
         return {}
 
+    def old_values(self, ctx: StepContext) -> Any:
+        """What inner update ``ctx.inner_iter`` needs from the behaviour policy ``ctx.old_policy``
+        (e.g. log-probs or ELBOs on that iteration's mask seeds); called without gradients.
+
+        Objectives that implement it support ``old_policy=cached``.
+        """
+        raise NotImplementedError(f"objective {self.cfg.name} does not support old_policy=cached")
+
+    @classmethod
+    def supports_cached_old(cls) -> bool:
+        return cls.old_values is not Objective.old_values
+
+    def behaviour(self, ctx: StepContext) -> Any:
+        """:meth:`old_values` for this inner update: precomputed at rollout time, or computed now."""
+        if ctx.inner_iter in ctx.old_values:
+            return ctx.old_values[ctx.inner_iter]
+        with torch.no_grad():
+            return self.old_values(ctx)
+
+    def precompute_old(self, ctx: StepContext, num_iters: int) -> None:
+        """Fill ``ctx.old_values`` for inner iterations ``0 .. num_iters - 1`` (``ctx.old_policy`` must
+        be the behaviour policy now)."""
+        with torch.no_grad():
+            for it in range(num_iters):
+                ctx.inner_iter = it
+                ctx.old_values[it] = self.old_values(ctx)
+        ctx.inner_iter = 0
+
     @abstractmethod
     def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Scalar loss for one inner update and a dict of detached metrics (``/`` names)."""
+        """Scalar loss for one inner update and a dict of detached metrics (``/`` names).
+
+        The loss is the one of the *global* batch (every process computes the same value from
+        gathered tensors); see :mod:`diffusion_rl.distributed` for how its gradient is averaged."""

@@ -214,7 +214,11 @@ class EGSPO(Objective):
         first_eos = traj.last_step_where(torch.cat([pad, keep & (ids == eos)], 1))
         return torch.where(last >= 0, last, first_eos)  # an empty answer: the step that ended it
 
-    def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _batch(self, ctx: StepContext) -> dict[str, Any]:
+        """This inner update's slots and the model inputs of their (sample, step) rows, memoised."""
+        memo = ctx.cache.get("egspo/batch")
+        if memo is not None and memo["inner_iter"] == ctx.inner_iter:
+            return memo
         c, ro = self.cfg, ctx.rollout
         e = ro.extras["egspo"]
         traj: TrajectoryRecorder = e["trajectory"]
@@ -234,20 +238,42 @@ class EGSPO(Objective):
             vals = stepwise_logps(forward, *args, reduce=c.reduce)  # (n,)
             return vals.new_zeros(N * Kp).index_copy(0, rows, vals).view(N, Kp)
 
-        forwards = {"old": 0.0, "ref": 0.0}
+        memo = {"inner_iter": ctx.inner_iter, "slots": slots, "steps": steps, "valid": valid, "adv": adv,
+                "rows": rows, "run": run}
+        ctx.cache["egspo/batch"] = memo
+        return memo
+
+    def old_values(self, ctx: StepContext) -> tuple[torch.Tensor, float]:
+        """Behaviour log-probs of this update's slots (N, K') and the forward rows that cost."""
+        c, e = self.cfg, ctx.rollout.extras["egspo"]
+        slots = slice_slots(ctx.inner_iter, c.K, c.per_update)
+        if c.old_logp == "recorded":
+            traj: TrajectoryRecorder = e["trajectory"]
+            old_all = traj.logps.gather(1, e["steps"].clamp_min(0))
+            if c.reduce == "mean":
+                old_all = old_all / traj.counts.gather(1, e["steps"].clamp_min(0)).clamp_min(1).float()
+            return old_all[:, slots].to(e["advantages"].device), 0.0
+        b = self._batch(ctx)
+        forwards = {"old": 0.0}
+        old = self._cached(ctx, "egspo/old", ctx.old_policy, slots, b["run"], forwards, "old", b["rows"])
+        return old, forwards["old"]
+
+    def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        c, ro = self.cfg, ctx.rollout
+        traj: TrajectoryRecorder = ro.extras["egspo"]["trajectory"]
+        b = self._batch(ctx)
+        slots, steps, valid, adv, rows, run = b["slots"], b["steps"], b["valid"], b["adv"], b["rows"], b["run"]
+        N, Kp = steps.shape
+        old, old_forwards = self.behaviour(ctx)
+        forwards = {"old": old_forwards, "ref": 0.0}
         with torch.no_grad():
-            if c.old_logp == "recorded":
-                old_all = traj.logps.gather(1, e["steps"].clamp_min(0))
-                if c.reduce == "mean":
-                    old_all = old_all / traj.counts.gather(1, e["steps"].clamp_min(0)).clamp_min(1).float()
-                old = old_all[:, slots].to(adv.device)
-            else:
-                old = self._cached(ctx, "egspo/old", ctx.old_policy, slots, run, forwards, "old", rows)
             ref = None
             if ctx.ref_policy is not None and c.beta > 0:
                 ref = self._cached(ctx, "egspo/ref", ctx.ref_policy, slots, run, forwards, "ref", rows)
         logp = run(ctx.policy)
-        loss, metrics = egspo_loss(logp, old, adv, c.eps, c.eps_high, ref, c.beta, valid)
+        g = ro.shard.gather  # every process's rows (identity on one process)
+        loss, metrics = egspo_loss(g(logp), g(old), g(adv), c.eps, c.eps_high, None if ref is None else g(ref), c.beta,
+                                   g(valid))
         gen = traj.num_steps / c.mu  # the rollout's T forwards, spread over its mu updates
         per_sample = {k: v / max(N, 1) for k, v in forwards.items()}
         trained = rows.numel() / max(N, 1)
@@ -289,8 +315,10 @@ class EGSPOSA(EGSPO):
         values = self.greedy_values(rollout, traj, steps, valid, task)  # (N, K)
         metrics["time/score_greedy_s"] = time.perf_counter() - t0
         r = rollout.rewards.float()
-        returns = stepwise_returns(r, values, self.cfg.lam, self.cfg.normalize_returns)
+        g = rollout.shard.gather  # groups may span processes: per-slot group means over all rows
+        returns = stepwise_returns(g(r), g(values), self.cfg.lam, self.cfg.normalize_returns)
         adv = stepwise_advantages(returns, rollout.group_size, self.cfg.scale_rewards)
+        adv = adv[rollout.shard.rows(adv.shape[0])]  # this process's rows
         v = valid.float()
         metrics["egspo_sa/value_mean"] = masked_mean(values, v).item()
         metrics["egspo_sa/reward_minus_value"] = masked_mean(r[:, None] - values, v).item()

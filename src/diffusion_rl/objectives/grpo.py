@@ -87,12 +87,22 @@ def grpo_loss(
 class GRPO(Objective):
     config_class = GRPOConfig
 
+    @staticmethod
+    def _args(ctx: StepContext) -> tuple:
+        ro = ctx.rollout
+        seeds = mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0], ctx.inner_iter, ro.shard.offset)
+        return ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, seeds
+
+    def old_values(self, ctx: StepContext) -> torch.Tensor:
+        return self.likelihood(ctx.old_policy, *self._args(ctx))
+
     def loss(self, ctx: StepContext):
         ro = ctx.rollout
-        seeds = mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0], ctx.inner_iter)
-        args = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, seeds)
+        args = self._args(ctx)
+        old = self.behaviour(ctx)
         with torch.no_grad():
-            old = self.likelihood(ctx.old_policy, *args)
             ref = self.likelihood(ctx.ref_policy, *args) if ctx.ref_policy is not None and self.cfg.beta > 0 else None
         logp = self.likelihood(ctx.policy, *args)
-        return grpo_loss(logp, old, ro.advantages, ro.completion_mask, self.cfg.eps, self.cfg.eps_high, ref, self.cfg.beta)
+        g = ro.shard.gather  # every process's rows (identity on one process)
+        return grpo_loss(g(logp), g(old), g(ro.advantages), g(ro.completion_mask), self.cfg.eps, self.cfg.eps_high,
+                         None if ref is None else g(ref), self.cfg.beta)

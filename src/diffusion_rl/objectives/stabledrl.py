@@ -24,7 +24,8 @@ read from a public SPG-based implementation of it (not verified against every re
   ``theta = theta_old``; ``false`` draws fresh masks for the new policy (seeds from the inner
   iteration plus a salt), the public code's regime of largest ratio noise. That code computes the
   old ELBO once per rollout; here it is recomputed (no grad) every inner iteration on that
-  iteration's masks;
+  iteration's masks (``old_policy=cached``: computed for every iteration's masks right after the
+  rollout, from the same weights);
 - ``surrogate=spg_mix`` (SPG's ``logp_estimation=mix``): for ``A_j <= 0`` the loss uses
   ``(1 - mix_weight) * ELBO + mix_weight * EUBO`` of the same masks (``eubo_beta = 1.5``); the
   weights always come from the ELBO ratio, as there. Both bounds are per-token averages in that
@@ -148,7 +149,7 @@ class StableDRL(Objective):
         super().__init__(cfg, likelihood)
         if likelihood.per_token:
             raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "StableDRL needs a sequence-level estimator: elbo")
+                              "StableDRL needs a sequence-level estimator: elbo or staircase")
         if cfg.surrogate == "spg_mix":
             if not isinstance(likelihood, ELBOEstimator):
                 raise ConfigError("objective.surrogate", cfg.surrogate, "spg_mix needs likelihood=elbo")
@@ -160,17 +161,21 @@ class StableDRL(Objective):
         """Mask seeds of the old and of the new policy for this inner iteration."""
         ro = ctx.rollout
         n = ro.completion_ids.shape[0]
-        old = mask_seeds(ctx.run_seed, ro.rollout_id, n, ctx.inner_iter)
+        old = mask_seeds(ctx.run_seed, ro.rollout_id, n, ctx.inner_iter, ro.shard.offset)
         new = old if self.cfg.share_masks_with_old else mask_seeds(ctx.run_seed, ro.rollout_id, n,
-                                                                   ctx.inner_iter + _FRESH_MASKS)
+                                                                   ctx.inner_iter + _FRESH_MASKS, ro.shard.offset)
         return old, new
+
+    def old_values(self, ctx: StepContext) -> torch.Tensor:
+        ro = ctx.rollout
+        data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+        return self.likelihood(ctx.old_policy, *data, self.seeds(ctx)[0])  # (N,)
 
     def loss(self, ctx: StepContext):
         ro = ctx.rollout
-        seeds_old, seeds_new = self.seeds(ctx)
+        _, seeds_new = self.seeds(ctx)
         data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
-        with torch.no_grad():
-            old = self.likelihood(ctx.old_policy, *data, seeds_old)  # (N,)
+        old = self.behaviour(ctx)  # (N,)
         surrogate = None
         if self.cfg.surrogate == "spg_mix":
             s = self.likelihood.sample(ctx.policy, *data, seeds_new)
@@ -180,5 +185,6 @@ class StableDRL(Objective):
             surrogate = torch.where(ro.advantages > 0, elbo, mix)
         else:
             elbo = self.likelihood(ctx.policy, *data, seeds_new)  # (N,)
-        c = self.cfg
-        return stabledrl_loss(elbo, old, ro.advantages, ro.group_size, c.eps, c.clip, c.normalize, surrogate)
+        c, g = self.cfg, ro.shard.gather  # groups may span processes: the softmax runs on all rows
+        return stabledrl_loss(g(elbo), g(old), g(ro.advantages), ro.group_size, c.eps, c.clip, c.normalize,
+                              None if surrogate is None else g(surrogate))

@@ -33,6 +33,10 @@ class SamplerConfig:
     remasking: str = "low_confidence"  # or "random"
     cfg_scale: float = 0.0  # classifier-free guidance (LLaDA); 0 = off
     gumbel_dtype: str = "float64"  # float64 as LLaDA; float32 is faster and nearly the same
+    # rows per sampler call in training rollouts (0 = a process's whole share): bounds memory on big
+    # models; each call draws its noise from a generator keyed by its first global row, so runs on
+    # 1 and on W processes match when both use the same value (e.g. rows per process)
+    rollout_batch_size: int = 0
 
     def validate(self, prefix: str = "sampler") -> None:
         for key in ("gen_length", "block_length", "steps"):
@@ -57,6 +61,8 @@ class SamplerConfig:
             raise ConfigError(f"{prefix}.remasking", self.remasking, "allowed: low_confidence, random")
         if self.cfg_scale < 0:
             raise ConfigError(f"{prefix}.cfg_scale", self.cfg_scale, "must be >= 0")
+        if self.rollout_batch_size < 0:
+            raise ConfigError(f"{prefix}.rollout_batch_size", self.rollout_batch_size, "must be >= 0 (0 = all rows at once)")
         if self.gumbel_dtype not in ("float64", "float32"):
             raise ConfigError(f"{prefix}.gumbel_dtype", self.gumbel_dtype, "allowed: float64, float32")
 

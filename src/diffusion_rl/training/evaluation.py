@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffusion_rl.models.policy import PolicyBundle, encode_prompts, logits_fn
-from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.models.policy import PolicyBundle, encode_prompts
+from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.sampling.block import policy_generate
 
 
 def decode_completions(tokenizer, completion: torch.Tensor, eos_id: int) -> list[str]:
@@ -29,12 +30,11 @@ def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerCon
     was_training = net.training
     net.eval()
     device = next(net.parameters()).device
-    forward = logits_fn(net)
     out: list[str] = []
     starts = range(0, len(prompts), batch_size)
     for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
-        ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device)
-        res = generate(forward, ids, mask, sampler, bundle.mask_token_id, generator)
+        ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
+        res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, generator)
         out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
     net.train(was_training)
     return out

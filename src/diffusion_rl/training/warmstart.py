@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tqdm.auto import tqdm
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.models.policy import PolicyBundle, encode_prompts, logits_fn
+from diffusion_rl.training.checkpoint import atomic_save  # write, fsync, rename
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,6 @@ def cache_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def atomic_save(obj: Any, path: Path) -> None:
-    """Write then rename, so a kill during the write never leaves a corrupt file at ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig,
                key_parts: dict[str, Any], cache_dir: str | None, progress: bool = True) -> dict[str, Any]:
     """Train ``bundle.net`` in place (or load the cached result); returns the provenance record."""
@@ -111,7 +103,8 @@ def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig
     for _ in bar:
         idx = torch.randint(len(items), (cfg.batch_size,), generator=gen).tolist()
         batch = [items[i] for i in idx]
-        p_ids, p_mask = encode_prompts(bundle.tokenizer, [task.prompt(it) for it in batch])
+        p_ids, p_mask = encode_prompts(bundle.tokenizer, [task.prompt(it) for it in batch],
+                                       pad_to_multiple_of=bundle.block_size)  # block models: whole prompt blocks
         tgt = encode_targets(bundle.tokenizer, [task.target(it) for it in batch], gen_length, bundle.eos_token_id)
         loss = masked_diffusion_loss(forward, p_ids, p_mask, tgt, bundle.mask_token_id, gen, weighting=cfg.weighting)
         opt.zero_grad(set_to_none=True)
