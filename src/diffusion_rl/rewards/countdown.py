@@ -34,6 +34,7 @@ from fractions import Fraction
 from itertools import combinations
 from typing import Any
 
+from diffusion_rl.rewards._common import column, completion_text
 from diffusion_rl.tasks.base import MAX_SCAN_CHARS, extract_answer
 
 log = logging.getLogger(__name__)
@@ -165,24 +166,9 @@ def _strip_equals(expr: str, target: Fraction) -> str | None:
     return lhs if abs(Fraction(rhs) - target) < TOLERANCE else None
 
 
-def _completion_text(completion: Any) -> str:
-    """A completion as text; TRL's conversational form is its last message's content."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content")
-        return content if isinstance(content, str) else ""
-    return ""
-
-
-def _column(values: Any, n: int) -> list[Any]:
-    values = list(values) if isinstance(values, Sequence) and not isinstance(values, str) else []
-    return (values + [None] * n)[:n]
-
-
 def countdown_score(completion: Any, numbers: Any, target: Any) -> float:
     """Reward of one completion (see the module docstring)."""
-    text = _completion_text(completion)
+    text = completion_text(completion)
     if "<answer>" not in text[-MAX_SCAN_CHARS:]:
         return 0.0
     nums, goal = _as_numbers(numbers), _as_target(target)
@@ -205,7 +191,7 @@ def countdown_reward(
     """TRL-style reward: 1.0 correct, 0.1 answer present but wrong/invalid, 0.0 no answer."""
     comps = list(completions) if isinstance(completions, Sequence) else []
     out = []
-    for comp, nums, tgt in zip(comps, _column(numbers, len(comps)), _column(target, len(comps))):
+    for comp, nums, tgt in zip(comps, column(numbers, len(comps)), column(target, len(comps))):
         try:
             out.append(countdown_score(comp, nums, tgt))
         except Exception as err:  # noqa: BLE001 - defence in depth: a reward must not kill a run

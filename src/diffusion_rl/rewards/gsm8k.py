@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from diffusion_rl.rewards._common import column, completion_text
 from diffusion_rl.rewards.math500 import last_boxed
 from diffusion_rl.tasks.base import extract_answer
 
@@ -94,7 +95,7 @@ def extract_gsm8k_prediction(completion: str) -> str | None:
     A box whose content is not a plain number yields the last number inside it
     (``\\boxed{18 \\text{ dollars}}`` -> ``18``).
     """
-    answer = extract_answer(_completion_text(completion))
+    answer = extract_answer(completion_text(completion))
     boxed = last_boxed(answer)
     if boxed is not None:
         return boxed if normalize_number(boxed) is not None else _last_number(boxed)
@@ -106,7 +107,7 @@ def gsm8k_correct(completion: Any, gold: Any, strict_string: bool = False) -> bo
     if not gold_str:
         return False
     if strict_string:
-        return extract_answer(_completion_text(completion)) == gold_str
+        return extract_answer(completion_text(completion)) == gold_str
     pred = extract_gsm8k_prediction(completion)
     if pred is None:
         return False
@@ -158,30 +159,17 @@ def soft_format_ok(text: str) -> bool:
 
 
 def int_score(completion: Any) -> float:
-    answer = extract_answer(_completion_text(completion))
+    answer = extract_answer(completion_text(completion))
     return FORMAT_REWARD if _ASCII_INT_RE.fullmatch(answer) else 0.0
 
 
 # ---- TRL-style reward functions ---------------------------------------------------------------
-def _completion_text(completion: Any) -> str:
-    """A completion as text; TRL's conversational form is its last message's content."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content")
-        return content if isinstance(content, str) else ""
-    return ""
-
-
-def _column(values: Any, n: int) -> list[Any]:
-    values = list(values) if isinstance(values, Sequence) and not isinstance(values, str) else []
-    return (values + [None] * n)[:n]
 
 
 def _map(name: str, score: Callable[..., float], completions: Any, *columns: Any) -> list[float]:
     """``score(completion, *column values)`` per completion; an unexpected error scores 0.0."""
     comps = list(completions) if isinstance(completions, Sequence) else []
-    cols = [_column(c, len(comps)) for c in columns]
+    cols = [column(c, len(comps)) for c in columns]
     out = []
     for i, comp in enumerate(comps):
         try:
@@ -217,14 +205,14 @@ def gsm8k_string_correctness_reward(
 
 def xml_count_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
     """0.125 per well-formed tag seen exactly once, minus 0.001 per trailing character; in [0, 0.5]."""
-    return _map("xml_count_reward", lambda c: xml_count_score(_completion_text(c)), completions)
+    return _map("xml_count_reward", lambda c: xml_count_score(completion_text(c)), completions)
 
 
 def strict_format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
     """0.5 for exactly ``<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n``."""
     return _map(
         "strict_format_reward",
-        lambda c: FORMAT_REWARD if strict_format_ok(_completion_text(c)) else 0.0,
+        lambda c: FORMAT_REWARD if strict_format_ok(completion_text(c)) else 0.0,
         completions,
     )
 
@@ -233,7 +221,7 @@ def soft_format_reward(prompts: list[str], completions: list[str], **_: Any) -> 
     """0.5 for ``<reasoning>...</reasoning>\\s*<answer>...</answer>`` at the start."""
     return _map(
         "soft_format_reward",
-        lambda c: FORMAT_REWARD if soft_format_ok(_completion_text(c)) else 0.0,
+        lambda c: FORMAT_REWARD if soft_format_ok(completion_text(c)) else 0.0,
         completions,
     )
 

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from diffusion_rl.rewards._common import column, completion_text
 from diffusion_rl.tasks.base import MAX_SCAN_CHARS, extract_answer
 
 log = logging.getLogger(__name__)
@@ -265,19 +266,6 @@ def math_equal(pred: str, gold: str, timeout_s: float = 1.0) -> bool:
 
 
 # ---- reward functions -------------------------------------------------------------------------
-def _completion_text(completion: Any) -> str:
-    """A completion as text; TRL's conversational form is its last message's content."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content")
-        return content if isinstance(content, str) else ""
-    return ""
-
-
-def _column(values: Any, n: int) -> list[Any]:
-    values = list(values) if isinstance(values, Sequence) and not isinstance(values, str) else []
-    return (values + [None] * n)[:n]
 
 
 def _gold_answer(gold: Any) -> str:
@@ -289,7 +277,7 @@ def _gold_answer(gold: Any) -> str:
 
 def math_prediction(completion: Any) -> str:
     """The last ``\\boxed{}`` content of the answer, else the whole answer text."""
-    answer = extract_answer(_completion_text(completion))
+    answer = extract_answer(completion_text(completion))
     boxed = last_boxed(answer)
     return boxed if boxed is not None else answer
 
@@ -304,7 +292,7 @@ def math_correctness_reward(
     """2.0 when the prediction is equivalent to the gold ``answer`` (math-verify), else 0.0."""
     comps = list(completions) if isinstance(completions, Sequence) else []
     out = []
-    for comp, gold in zip(comps, _column(answer, len(comps))):
+    for comp, gold in zip(comps, column(answer, len(comps))):
         try:
             ok = math_equal(math_prediction(comp), _gold_answer(gold), timeout_s)
             out.append(CORRECT_REWARD if ok else 0.0)
@@ -315,7 +303,7 @@ def math_correctness_reward(
 
 
 def math_format_score(completion: Any) -> float:
-    text = _completion_text(completion)
+    text = completion_text(completion)
     if "<answer>" not in text[-MAX_SCAN_CHARS:]:
         return 0.0
     return FORMAT_REWARD if "\\boxed{" in extract_answer(text) else 0.0
