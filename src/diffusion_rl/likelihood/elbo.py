@@ -56,16 +56,14 @@ _SAMPLE_SALT = 0xE1B0
 
 
 @dataclass
-class ELBOConfig(LikelihoodConfig):
-    name: str = "elbo"
+class MonteCarloConfig(LikelihoodConfig):
+    """Options every Monte Carlo masked-diffusion ELBO shares (``elbo``, ``staircase``)."""
+
     p_mask_prompt: float = 0.0  # the reference code uses 0.15; 0 conditions on the whole prompt
     num_samples: int = 2  # K Monte Carlo samples, one batched forward
     t_min: float = 1e-3  # LLaDA's eps: keeps 1/t bounded
     t_max: float = 1.0
     weighting: str = "inverse_t"  # "inverse_t" (1/t_k) or "mean" (1/|masked|)
-    antithetic: bool = False  # pair each mask with its complement (t, 1 - t)
-    schedule: str = "uniform"  # "uniform" or "block_random"
-    block_length: int = 32  # block_random only
     score_after_eos: bool = False  # score tokens after the first EOS too (LLaDA) instead of masking them
 
     def validate(self) -> None:
@@ -78,6 +76,17 @@ class ELBOConfig(LikelihoodConfig):
             raise ConfigError("likelihood.t_max", self.t_max, f"must be in [t_min={self.t_min}, 1]")
         if self.weighting not in ("inverse_t", "mean"):
             raise ConfigError("likelihood.weighting", self.weighting, "allowed: inverse_t, mean")
+
+
+@dataclass
+class ELBOConfig(MonteCarloConfig):
+    name: str = "elbo"
+    antithetic: bool = False  # pair each mask with its complement (t, 1 - t)
+    schedule: str = "uniform"  # "uniform" or "block_random"
+    block_length: int = 32  # block_random only
+
+    def validate(self) -> None:
+        super().validate()
         if self.schedule not in ("uniform", "block_random"):
             raise ConfigError("likelihood.schedule", self.schedule, "allowed: uniform, block_random")
         if self.block_length < 1:

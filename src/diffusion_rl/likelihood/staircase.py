@@ -41,36 +41,20 @@ import torch
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
-    LikelihoodConfig,
     LikelihoodEstimator,
     rand_rows,
     token_logps,
 )
-from diffusion_rl.likelihood.elbo import _force_one, elbo_from_logps, sample_seeds
+from diffusion_rl.likelihood.elbo import MonteCarloConfig, _force_one, elbo_from_logps, sample_seeds
 from diffusion_rl.sampling.block import align_prompt
 
 
 @dataclass
-class StaircaseConfig(LikelihoodConfig):
-    name: str = "staircase"
-    p_mask_prompt: float = 0.0  # as the ELBO: 0 conditions on the whole prompt
-    num_samples: int = 2  # K Monte Carlo samples, one batched forward
-    t_min: float = 1e-3
-    t_max: float = 1.0
-    weighting: str = "inverse_t"  # "inverse_t" (1/t per block) or "mean" (1/|masked| per block)
-    score_after_eos: bool = False
-    one_pass: bool = True  # false: one forward per block (the slow reference)
+class StaircaseConfig(MonteCarloConfig):
+    """The ELBO's options, applied per block: each block draws its own ``t``."""
 
-    def validate(self) -> None:
-        super().validate()
-        if self.num_samples < 1:
-            raise ConfigError("likelihood.num_samples", self.num_samples, "must be >= 1")
-        if not 0.0 < self.t_min <= 1.0:
-            raise ConfigError("likelihood.t_min", self.t_min, "must be in (0, 1]")
-        if not self.t_min <= self.t_max <= 1.0:
-            raise ConfigError("likelihood.t_max", self.t_max, f"must be in [t_min={self.t_min}, 1]")
-        if self.weighting not in ("inverse_t", "mean"):
-            raise ConfigError("likelihood.weighting", self.weighting, "allowed: inverse_t, mean")
+    name: str = "staircase"
+    one_pass: bool = True  # false: one forward per block (the slow reference)
 
 
 @dataclass
