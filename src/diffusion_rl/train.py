@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 120  # optimizer steps
+    max_steps: int = 200  # optimizer steps (conf/trainer/default.yaml)
     accelerator: str = "auto"
     devices: Any = 1
     strategy: str = "auto"
@@ -199,4 +199,4 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["train", "build", "format_summary", "Components", "TrainerConfig", "EvalConfig", "asdict"]
+__all__ = ["train", "build", "format_summary", "Components", "TrainerConfig", "EvalConfig"]
