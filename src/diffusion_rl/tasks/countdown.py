@@ -213,12 +213,6 @@ class CountdownTask(TextTask):
         items = [it for it in items if instance_key(it) not in exclude]
         return seeded_subset(items, cfg.num_train, f"countdown/train/{cfg.seed}")
 
-    def train_items(self) -> list[dict[str, Any]]:
-        return list(self._train)
-
-    def test_items(self) -> list[dict[str, Any]]:
-        return list(self._test)
-
     # ---- prompts and answers ------------------------------------------------------------------
     def fields(self, item: dict[str, Any]) -> dict[str, str]:
         numbers = list(item["numbers"])

@@ -67,12 +67,6 @@ class GSM8KTask(TextTask):
         items = [it for it in _items(rows) if it["question"] not in held_out]
         return seeded_subset(items, cfg.num_train, f"gsm8k/train/{cfg.seed}")
 
-    def train_items(self) -> list[dict[str, Any]]:
-        return list(self._train)
-
-    def test_items(self) -> list[dict[str, Any]]:
-        return list(self._test)
-
     def fields(self, item: dict[str, Any]) -> dict[str, str]:
         return {"question": item["question"]}
 

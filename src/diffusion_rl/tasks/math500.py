@@ -83,12 +83,6 @@ class Math500Task(TextTask):
         items = [it for it in items if it is not None and it["problem"] not in held_out]
         return seeded_subset(items, cfg.num_train, f"math500/train/{cfg.seed}")
 
-    def train_items(self) -> list[dict[str, Any]]:
-        return list(self._train)
-
-    def test_items(self) -> list[dict[str, Any]]:
-        return list(self._test)
-
     def fields(self, item: dict[str, Any]) -> dict[str, str]:
         return {"problem": item["problem"]}
 

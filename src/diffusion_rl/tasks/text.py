@@ -99,6 +99,16 @@ class TextTask(Task):
         self._rewards = self._resolve_rewards()
 
     # ---- what subclasses provide --------------------------------------------------------------
+    # ``_train`` and ``_test``: cached item lists (``functools.cached_property``), loaded on first use.
+    _train: list[dict[str, Any]]
+    _test: list[dict[str, Any]]
+
+    def train_items(self) -> list[dict[str, Any]]:
+        return list(self._train)
+
+    def test_items(self) -> list[dict[str, Any]]:
+        return list(self._test)
+
     @abstractmethod
     def fields(self, item: dict[str, Any]) -> dict[str, str]:
         """Values of :attr:`template_fields` for one item."""
