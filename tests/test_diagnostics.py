@@ -88,6 +88,7 @@ def _rows(path):
 @pytest.mark.parametrize("overrides,optional", [
     (["objective=stabledrl"], ["weights/ess", "weights/max"]),
     (["objective=grpo", "objective.beta=0.04"], ["train/kl"]),
+    (["objective=stabledrl", "objective.beta=0.04"], ["train/kl", "weights/ess"]),
 ])
 def test_tiny_run_logs_every_spec_metric_once_per_optimizer_step(tmp_path, overrides, optional):
     cfg = compose_cfg(overrides + ["objective.mu=2", "diagnostics.samples_every_n_steps=2",

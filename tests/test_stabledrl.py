@@ -21,6 +21,7 @@ from diffusion_rl.objectives.stabledrl import (
     StableDRLConfig,
     clip_bounds,
     group_weights,
+    masked_token_kl,
     stabledrl_loss,
 )
 
@@ -277,8 +278,47 @@ def test_finite_for_extreme_log_ratios(dtype):
 # ---------------------------------------------------------------- the objective on a real estimator
 
 
-def _ctx(bundle, policy_net, old_net, ro, inner_iter=0):
-    return StepContext(ro, inner_iter, 3, logits_fn(policy_net), logits_fn(old_net), None)
+def _ctx(bundle, policy_net, old_net, ro, inner_iter=0, ref_net=None):
+    ref = None if ref_net is None else logits_fn(ref_net)
+    return StepContext(ro, inner_iter, 3, logits_fn(policy_net), logits_fn(old_net), ref)
+
+
+def test_masked_token_kl_hand_computed():
+    logp = torch.tensor([[[-1.0, -2.0, 5.0]], [[-0.5, -0.5, -0.5]]])  # (K=2, B=1, L=3)
+    ref = torch.tensor([[[-2.0, -2.0, -9.0]], [[-0.5, -0.5, -0.5]]])
+    masked = torch.tensor([[[True, True, False]], [[False, False, False]]])
+    k3 = math.exp(-1.0) + 1.0 - 1.0  # d = ref - logp = -1 on token 0, 0 on token 1
+    # sample 0: mean over its 2 masked tokens (the unmasked third is ignored); sample 1: no masked token -> 0
+    assert masked_token_kl(logp, ref, masked).item() == pytest.approx((k3 / 2 + 0.0) / 2)
+
+
+def test_kl_anchor_adds_beta_times_masked_token_kl(tiny_bundle):
+    """beta > 0: loss = StableDRL loss + beta * KL on the new masks; the KL's gradient pulls toward ref."""
+    ro = make_rollout(tiny_bundle)
+    net = tiny_bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
+    plain, _ = StableDRL(StableDRLConfig(), est).loss(_ctx(tiny_bundle, net, old, ro))
+    # reference = the policy itself: KL exactly 0, loss unchanged
+    anchored, m = StableDRL(StableDRLConfig(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=old))
+    assert m["train/kl"].item() == 0.0 and anchored.item() == pytest.approx(plain.item(), abs=1e-7)
+    # a different reference: the added term is beta * the per-token k3 of the same masks
+    ref = copy.deepcopy(net).requires_grad_(False).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    anchored, m = StableDRL(StableDRLConfig(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=ref))
+    data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+    from diffusion_rl.likelihood.base import mask_seeds
+
+    seeds = mask_seeds(3, ro.rollout_id, ro.completion_ids.shape[0], 0)
+    with torch.no_grad():
+        s, r = est.sample(logits_fn(net), *data, seeds), est.sample(logits_fn(ref), *data, seeds)
+    kl = masked_token_kl(s.token_logps, r.token_logps, s.masked).mean()
+    assert kl.item() > 0 and m["train/kl"].item() == pytest.approx(kl.item(), rel=1e-5)
+    assert anchored.item() == pytest.approx(plain.item() + 0.5 * kl.item(), rel=1e-5, abs=1e-6)
+    anchored.backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
 
 
 def test_theta_equals_old_with_shared_masks_gives_zero_ratio_and_uniform_weights(tiny_bundle):

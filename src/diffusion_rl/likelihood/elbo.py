@@ -215,6 +215,9 @@ class ELBOEstimator(LikelihoodEstimator):
         logps = token_logps(logits, completion_ids.repeat(K, 1)).view(K, B, L)
         return ELBOSample(logps, masked, t)
 
+    def reduce(self, s: ELBOSample) -> torch.Tensor:
+        """The ELBO of each row from a :meth:`sample`. -> (B,)"""
+        return elbo_from_logps(s.token_logps, s.masked, s.t, self.cfg.weighting)
+
     def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
-        s = self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds)
-        return elbo_from_logps(s.token_logps, s.masked, s.t, self.cfg.weighting)  # (B,)
+        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds))

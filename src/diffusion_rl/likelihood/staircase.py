@@ -190,6 +190,9 @@ class StaircaseEstimator(LikelihoodEstimator):
         logits = scorer(forward, noisy_prompt, prompt_mask.repeat(K, 1), clean, noisy, bs)  # (K*B, L, V)
         return StaircaseSample(token_logps(logits, clean).view(K, B, L), masked, t)
 
+    def reduce(self, s: StaircaseSample) -> torch.Tensor:
+        """The block-summed ELBO of each row from a :meth:`sample`. -> (B,)"""
+        return block_elbo_from_logps(s.token_logps, s.masked, s.t, self.block_size, self.cfg.weighting)
+
     def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
-        s = self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds)
-        return block_elbo_from_logps(s.token_logps, s.masked, s.t, self.block_size, self.cfg.weighting)  # (B,)
+        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds))

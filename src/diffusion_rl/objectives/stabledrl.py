@@ -30,7 +30,12 @@ read from a public SPG-based implementation of it (not verified against every re
   ``(1 - mix_weight) * ELBO + mix_weight * EUBO`` of the same masks (``eubo_beta = 1.5``); the
   weights always come from the ELBO ratio, as there. Both bounds are per-token averages in that
   code, so spg_mix requires ``likelihood.weighting=mean``;
-- no KL term: ``beta`` must be 0 (the SPG / StableDRL scripts run with ``beta = 0``).
+- optional KL anchor (``beta > 0``; the SPG / StableDRL scripts run with ``beta = 0``, the default):
+  ``beta * mean_tokens k3(ref, theta)`` over the masked tokens of the new policy's Monte Carlo
+  samples, the reference scored on the same masks (one extra forward without gradients). It is
+  added outside the weighted sum, so the weights and their ESS are unchanged. A per-token k3 on the
+  ELBO's terms, not on the sequence ELBO: the difference of two sequence ELBOs is tens of nats and
+  its exponential overflows.
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ import torch
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import mask_seeds
-from diffusion_rl.likelihood.elbo import ELBOEstimator, elbo_from_logps, eubo_from_logps
-from diffusion_rl.objectives.base import OBJECTIVES, Objective, ObjectiveConfig, StepContext
+from diffusion_rl.likelihood.elbo import ELBOEstimator, eubo_from_logps
+from diffusion_rl.objectives.base import OBJECTIVES, Objective, ObjectiveConfig, StepContext, k3_kl
 
 _FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share=false)
 _LOG_W_MAX = 80.0  # exp(80) ~ 5.5e34: keeps the unnormalised group_size weights finite in float32
@@ -75,8 +80,6 @@ class StableDRLConfig(ObjectiveConfig):
             raise ConfigError("objective.eubo_beta", self.eubo_beta, "must be > 0")
         if not 0 <= self.mix_weight <= 1:
             raise ConfigError("objective.mix_weight", self.mix_weight, "must be in [0, 1]")
-        if self.beta != 0:
-            raise ConfigError("objective.beta", self.beta, "must be 0: StableDRL has no KL term here")
 
 
 def clip_bounds(eps: float, clip: str) -> tuple[float, float]:
@@ -140,6 +143,16 @@ def stabledrl_loss(
     return loss, metrics
 
 
+def masked_token_kl(token_logps: torch.Tensor, ref_logps: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """k3 KL per sequence: the mean over each Monte Carlo sample's masked tokens, then over samples.
+
+    (K, B, L), (K, B, L), (K, B, L) bool -> (B,); a sample without masked tokens contributes 0.
+    """
+    kl = k3_kl(token_logps.float(), ref_logps.detach().float())
+    kl = torch.where(masked, kl, torch.zeros_like(kl))  # unmasked positions may hold any value
+    return (kl.sum(-1) / masked.sum(-1).clamp_min(1)).mean(0)
+
+
 @OBJECTIVES.register("stabledrl")
 class StableDRL(Objective):
     config_class = StableDRLConfig
@@ -172,19 +185,24 @@ class StableDRL(Objective):
         return self.likelihood(ctx.old_policy, *data, self.seeds(ctx)[0])  # (N,)
 
     def loss(self, ctx: StepContext):
-        ro = ctx.rollout
+        ro, c = ctx.rollout, self.cfg
         _, seeds_new = self.seeds(ctx)
         data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
         old = self.behaviour(ctx)  # (N,)
         surrogate = None
-        if self.cfg.surrogate == "spg_mix":
-            s = self.likelihood.sample(ctx.policy, *data, seeds_new)
-            elbo = elbo_from_logps(s.token_logps, s.masked, s.t, self.likelihood.cfg.weighting)  # (N,)
-            eubo = eubo_from_logps(s.token_logps, s.masked, s.t, self.cfg.eubo_beta)
-            mix = (1 - self.cfg.mix_weight) * elbo + self.cfg.mix_weight * eubo
+        s = self.likelihood.sample(ctx.policy, *data, seeds_new)
+        elbo = self.likelihood.reduce(s)  # (N,)
+        if c.surrogate == "spg_mix":
+            eubo = eubo_from_logps(s.token_logps, s.masked, s.t, c.eubo_beta)
+            mix = (1 - c.mix_weight) * elbo + c.mix_weight * eubo
             surrogate = torch.where(ro.advantages > 0, elbo, mix)
-        else:
-            elbo = self.likelihood(ctx.policy, *data, seeds_new)  # (N,)
-        c, g = self.cfg, ro.shard.gather  # groups may span processes: the softmax runs on all rows
-        return stabledrl_loss(g(elbo), g(old), g(ro.advantages), ro.group_size, c.eps, c.clip, c.normalize,
-                              None if surrogate is None else g(surrogate))
+        g = ro.shard.gather  # groups may span processes: the softmax runs on all rows
+        loss, metrics = stabledrl_loss(g(elbo), g(old), g(ro.advantages), ro.group_size, c.eps, c.clip, c.normalize,
+                                       None if surrogate is None else g(surrogate))
+        if c.beta > 0 and ctx.ref_policy is not None:
+            with torch.no_grad():
+                ref = self.likelihood.sample(ctx.ref_policy, *data, seeds_new)  # same masks
+            kl = g(masked_token_kl(s.token_logps, ref.token_logps, s.masked))  # (N,)
+            loss = loss + c.beta * kl.mean()
+            metrics["train/kl"] = kl.detach().mean()
+        return loss, metrics
