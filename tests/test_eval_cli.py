@@ -104,8 +104,17 @@ def test_sudoku_checkpoint_eval_keeps_its_metrics(tmp_path):
     saved = json.load(open(tmp_path / "run" / "eval_summary.json"))
     assert summary["gen_lengths"] == [16] and saved["num_items"] == 2  # compact prompts: the sampler's length
     assert {"cell_accuracy", "solved_rate", "valid_rate"} <= set(saved) and 0.0 <= saved["cell_accuracy"] <= 1.0
-    with pytest.raises(ConfigError, match="ckpt_path.*no such checkpoint"):
+    with pytest.raises(ConfigError, match="ckpt_path.*no checkpoint file"):
         evaluate_checkpoint(compose_eval(["task=sudoku", f"ckpt_path={tmp_path / 'x.ckpt'}"], tmp_path), tmp_path / "r2")
+    # a run folder stands for its checkpoints/last.ckpt, as with training's ckpt_path
+    run = tmp_path / "train_run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt.rename(run / "checkpoints" / "last.ckpt")
+    again = evaluate_checkpoint(compose_eval(["task=sudoku", f"ckpt_path={run}", f"task.data_path={csv}", *TINY_MODEL],
+                                             tmp_path), tmp_path / "r3")
+    assert again["cell_accuracy"] == summary["cell_accuracy"]
+    with pytest.raises(ConfigError, match="ckpt_path.*no checkpoint file at .*last.ckpt"):
+        evaluate_checkpoint(compose_eval(["task=sudoku", f"ckpt_path={tmp_path / 'r3'}"], tmp_path), tmp_path / "r4")
 
 
 @pytest.mark.parametrize("overrides,match", [

@@ -41,6 +41,7 @@ from diffusion_rl.models.policy import ModelConfig, PolicyBundle, build_policy
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import Task
 from diffusion_rl.train import EvalConfig, build_task
+from diffusion_rl.training.checkpoint import checkpoint_file
 from diffusion_rl.training.evaluation import generate_texts
 
 PAPER_GEN_LENGTHS = [128, 256, 512]
@@ -110,14 +111,17 @@ def _device(name: str) -> torch.device:
 
 
 def load_policy_weights(bundle: PolicyBundle, ckpt_path: str | Path) -> None:
-    """Load the policy's weights from a Lightning checkpoint of :class:`DiffusionRLModule`."""
-    path = Path(ckpt_path)
+    """Load the policy's weights from a Lightning checkpoint of :class:`DiffusionRLModule`.
+
+    ``ckpt_path`` is a checkpoint file or a run folder (its ``checkpoints/last.ckpt``), as in training.
+    """
+    path = checkpoint_file(ckpt_path)
     if not path.is_file():
-        raise ConfigError("ckpt_path", str(ckpt_path), "no such checkpoint file")
+        raise ConfigError("ckpt_path", str(ckpt_path), f"no checkpoint file at {path}")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - corrupt or foreign file: one clear line
-        raise ConfigError("ckpt_path", str(ckpt_path), f"unreadable checkpoint ({type(err).__name__})") from err
+        raise ConfigError("ckpt_path", str(ckpt_path), f"unreadable checkpoint {path} ({type(err).__name__})") from err
     state = blob.get("state_dict", blob)
     policy = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
     if not policy:

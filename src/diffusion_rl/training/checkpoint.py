@@ -110,17 +110,21 @@ def newest_readable(folder: Path, exclude: Path | None = None) -> Path | None:
     return None
 
 
+def checkpoint_file(value: str | Path) -> Path:
+    """A checkpoint file as given, or a run folder's ``checkpoints/last.ckpt`` (``last.ckpt`` in a
+    checkpoints folder); the file may not exist."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+    return path
+
+
 def resolve_checkpoint(value: str, run_dir: str | Path) -> CheckpointRef:
     """``last`` -> ``<run_dir>/checkpoints/last.ckpt``; a run folder -> its ``checkpoints/last.ckpt``.
 
     Raises :class:`ConfigError` (one line) for a missing or unreadable file.
     """
-    if value == "last":
-        path = Path(run_dir) / "checkpoints" / "last.ckpt"
-    else:
-        path = Path(value).expanduser()
-        if path.is_dir():
-            path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+    path = Path(run_dir) / "checkpoints" / "last.ckpt" if value == "last" else checkpoint_file(value)
     if not path.is_file():
         raise ConfigError("ckpt_path", value, f"no checkpoint file at {path}")
     try:
