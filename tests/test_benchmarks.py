@@ -15,7 +15,7 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.evaluate import evaluate_checkpoint
 from diffusion_rl.models.tokenizer import CharTokenizer
 from diffusion_rl.rewards import safe_eval_arith, solve_countdown
-from diffusion_rl.tasks.countdown import generate_instances, instance_key
+from diffusion_rl.tasks.countdown import canonical_solution, generate_instances, instance_key
 from diffusion_rl.train import build_task
 
 from .conftest import CONF, SHARED_DATA
@@ -181,6 +181,36 @@ def test_generator_is_seeded_and_train_test_disjoint(tmp_path):
     assert other.train_items() != task.train_items()
 
 
+def _numbers_in(expr: str) -> list[int]:
+    for op in "()+-*/":
+        expr = expr.replace(op, " ")
+    return [int(t) for t in expr.split()]
+
+
+def test_canonical_solution_is_a_valid_expression_in_the_given_order_first():
+    assert canonical_solution([30, 100, 93], 23) == "30-100+93"  # the given order works: kept
+    assert canonical_solution([2, 2, 2], 8) == "(2+2)*2"  # brackets only where needed
+    assert canonical_solution([5, 2, 3], 1) == "(5-2)/3" and canonical_solution([8, 2, 5], 20) == "8/2*5"
+    assert canonical_solution([12, 3, 4], 13) == "12-3+4"
+    assert canonical_solution([4, 12, 3], 13) == "4+12-3"  # another order of the same numbers: its own
+    assert canonical_solution([7, 7, 7], 1) is None  # unsolvable with integer steps
+    assert canonical_solution([1, 2], 3) is None  # only 3-number instances
+    for it in generate_instances(300, "canon", 1, 100, 1, 100):  # every generated instance has one
+        expr = canonical_solution(it["numbers"], it["target"])
+        assert safe_eval_arith(expr) == it["target"] and sorted(_numbers_in(expr)) == sorted(it["numbers"])
+        assert canonical_solution(list(reversed(it["numbers"])), it["target"]) is not None
+
+
+def test_countdown_warm_start_targets_follow_task_solution(tmp_path):
+    item = generate_instances(1, "x", 1, 100, 1, 100)[0]
+    canon = make_task(tmp_path, "countdown")
+    gen = make_task(tmp_path, "countdown", "task.solution=generated")
+    assert canon.target(item) == canonical_solution(item["numbers"], item["target"])
+    assert gen.target(item) == item["solution"]
+    with pytest.raises(ConfigError, match="task.solution"):
+        make_task(tmp_path, "countdown", "task.solution=shortest")
+
+
 # ---- prompts ------------------------------------------------------------------------------------
 def test_compact_prompts_and_targets(tmp_path):
     cd = make_task(tmp_path, "countdown")
@@ -271,3 +301,11 @@ def test_reference_policy_scores_100_percent_on_generated_items(tmp_path, name, 
     assert summary[metric] == 1.0 and len(records) == 64
     if name == "sudoku":
         assert summary["cell_accuracy"] == 1.0 and summary["valid_rate"] == 1.0
+
+
+def test_countdown_cpu_experiment_sets_task_and_root_keys(tmp_path):
+    """An experiment composes after the root config, so its warm-start length is not overridden."""
+    cfg = compose_cfg(["experiment=countdown_cpu"], tmp_path, tiny=False)
+    assert cfg.task.name == "countdown" and (cfg.task.max_number, cfg.task.max_target) == (9, 30)
+    assert cfg.warmstart.steps == 900 and cfg.task.solution == "canonical"
+    assert compose_cfg(["experiment=countdown_cpu", "warmstart.steps=5"], tmp_path, tiny=False).warmstart.steps == 5

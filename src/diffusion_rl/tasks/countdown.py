@@ -20,12 +20,16 @@ Data (``task.source``):
 ``"30,100,93"``, ``output`` ``"23"``; rows with ``nums``/``target`` are read too), and
 ``task.train_data_path`` a training JSONL in either format. Training items never repeat a test
 instance (same numbers and target). Reward: ``countdown_reward`` (1.0 right, 0.1 an answer that is
-wrong, 0 none). Targets: the compact style's is the expression itself (``"30+93-100"``).
+wrong, 0 none). Targets: the compact style's is the expression itself (``"30+93-100"``); by default
+(``task.solution=canonical``) the first one :func:`canonical_solution` finds, the numbers in their given
+order where that works, so the warm start learns a function of the prompt rather than one of many
+equivalent answers drawn at random (``task.solution=generated``: the generator's own expression).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from dataclasses import dataclass
 from fractions import Fraction
@@ -38,6 +42,7 @@ from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
 
 SOURCES = ("generate", "hub")
+SOLUTIONS = ("canonical", "generated")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
@@ -85,6 +90,29 @@ def random_instance(
     raise ConfigError("task.min_target", min_target, f"no instance found in {max_tries} tries; widen the ranges")
 
 
+def canonical_solution(numbers: list[int], target: int) -> str | None:
+    """The first expression reaching ``target`` in a fixed search order, or None.
+
+    Orders of the numbers are tried as ``itertools.permutations`` yields them (the given order
+    first), then the operations ``+ - * /`` pairwise, then the shapes ``(a o b) o c`` and
+    ``a o (b o c)``; intermediate results must be integers, brackets only where needed. A
+    deterministic function of the prompt, so supervised targets carry no arbitrary choice.
+    """
+    if len(numbers) != 3:
+        return None
+    goal = Fraction(target)
+    for a, b, c in itertools.permutations(numbers):
+        fa, fb, fc = Fraction(a), Fraction(b), Fraction(c)
+        for o1, o2 in itertools.product("+-*/", repeat=2):
+            left = _apply(o1, fa, fb)
+            if left is not None and _apply(o2, left, fc) == goal:
+                return f"{_wrap(f'{a}{o1}{b}', o1, o2, False)}{o2}{c}"
+            right = _apply(o2, fb, fc)
+            if right is not None and _apply(o1, fa, right) == goal:
+                return f"{a}{o1}{_wrap(f'{b}{o2}{c}', o2, o1, True)}"
+    return None
+
+
 def instance_key(item: dict[str, Any]) -> tuple[tuple[int, ...], int]:
     return tuple(sorted(item["numbers"])), int(item["target"])
 
@@ -111,6 +139,11 @@ def generate_instances(
         out[key] = item
         stale = 0
     return list(out.values())
+
+
+@functools.lru_cache(maxsize=65536)
+def _canonical(numbers: tuple[int, ...], target: int) -> str | None:
+    return canonical_solution(list(numbers), target)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -154,9 +187,12 @@ class CountdownConfig(TextTaskConfig):
     min_target: int = 1
     max_target: int = 100
     hub_id: str = "Jiayi-Pan/Countdown-Tasks-3to4"
+    solution: str = "canonical"  # the expression supervised targets use: canonical | generated
 
     def validate(self) -> None:
         super().validate()
+        if self.solution not in SOLUTIONS:
+            raise ConfigError("task.solution", self.solution, f"allowed: {', '.join(SOLUTIONS)}")
         if self.source not in SOURCES:
             raise ConfigError("task.source", self.source, f"allowed: {', '.join(SOURCES)}")
         if not 0 <= self.min_number <= self.max_number:
@@ -219,8 +255,14 @@ class CountdownTask(TextTask):
         return {"numbers": str(numbers), "numbers_csv": ",".join(map(str, numbers)), "target": str(item["target"])}
 
     def answer(self, item: dict[str, Any]) -> str:
-        """An expression reaching the target: the generator's, else the brute-force solver's."""
-        expr = item.get("solution") or _solve(tuple(item["numbers"]), int(item["target"]))
+        """An expression reaching the target (the warm start's target, the reference policy's answer).
+
+        ``task.solution=canonical``: :func:`canonical_solution`; ``generated``: the generator's own
+        expression. Either falls back to the other, then to the brute-force solver.
+        """
+        numbers, target = tuple(item["numbers"]), int(item["target"])
+        canonical = _canonical(numbers, target) if self.cfg.solution == "canonical" else None
+        expr = canonical or item.get("solution") or _canonical(numbers, target) or _solve(numbers, target)
         return expr if expr is not None else ""
 
     def reasoning(self, item: dict[str, Any]) -> str:
