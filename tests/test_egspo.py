@@ -390,3 +390,26 @@ def test_stop_at_last_content_in_on_rollout(tiny_bundle, select):
         assert chosen.max() == last[b] and (chosen <= last[b]).all()
     loss, _ = obj.loss(_ctx(tiny_bundle, ro))
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("objective,lr", [("egspo", 1e-4), ("egspo_sa", 1e-4), ("grpo", 3e-4), ("stabledrl", 3e-4)])
+def test_objective_selects_its_optimiser_preset_and_the_command_line_wins(tmp_path, objective, lr):
+    from .helpers import compose_cfg
+
+    cfg = compose_cfg([f"objective={objective}"], tmp_path)
+    assert cfg.optim.lr == pytest.approx(lr) and cfg.optim.grad_clip == 1.0  # the rest is optim/default
+    assert compose_cfg([f"objective={objective}", "optim.lr=5e-5"], tmp_path).optim.lr == pytest.approx(5e-5)
+
+
+def test_selection_experiment_sweeps_selectors_and_seeds_with_egspo_defaults(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from .helpers import CONF, compose_cfg
+
+    cfg = compose_cfg(["experiment=egspo_selection"], tmp_path)
+    assert cfg.objective.name == "egspo" and cfg.optim.lr == pytest.approx(1e-4) and cfg.task.name == "sudoku"
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        full = compose(config_name="config", overrides=["experiment=egspo_selection"], return_hydra_config=True)
+    params = full.hydra.sweeper.params
+    assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform"}
+    assert len(params["seed"].split(",")) >= 2
