@@ -54,6 +54,20 @@ def _rollout(bundle, prompts=PROMPTS, steps=4, record_greedy=True, seed=1):
     return fwd, ids, mask, attn, out, rec, spy
 
 
+def test_trajectory_entropy_stats_equal_the_module_entropy_meter(tiny_bundle):
+    """The module reads train/entropy from the trajectory instead of a second entropy pass."""
+    from diffusion_rl.training.module import EntropyMeter, Recorders
+
+    ids, mask = encode_prompts(tiny_bundle.tokenizer, PROMPTS)
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.9)
+    rec, meter = TrajectoryRecorder(tiny_bundle.mask_token_id), EntropyMeter()
+    generate(logits_fn(tiny_bundle.net.eval()), ids, mask, cfg, tiny_bundle.mask_token_id,
+             torch.Generator().manual_seed(3), Recorders(rec, meter))
+    total, count = rec.entropy_stats()
+    assert count == meter.count == 4 * 8 and total == pytest.approx(meter.total, rel=1e-5) and total > 0
+    assert TrajectoryRecorder(tiny_bundle.mask_token_id).entropy_stats() == (0.0, 0)
+
+
 def test_recorded_values_match_a_separate_forward_on_reconstructed_states(tiny_bundle):
     fwd, ids, mask, attn, out, rec, spy = _rollout(tiny_bundle)
     assert rec.num_steps == 4 and rec.logps.shape == rec.entropies.shape == (4, 4)

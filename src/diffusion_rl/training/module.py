@@ -88,6 +88,9 @@ class EntropyMeter:
     def value(self) -> float:
         return self.total / max(self.count, 1)
 
+    def entropy_stats(self) -> tuple[float, int]:
+        return self.total, self.count
+
 
 class Recorders:
     """Fan one sampler's steps out to several recorders."""
@@ -192,9 +195,11 @@ class DiffusionRLModule(L.LightningModule):
         shard = Shard.current(ids.shape[0])  # every process padded all N rows alike; keep this one's share
         rows = shard.rows(ids.shape[0])
         ids, mask, group_items = ids[rows], mask[rows], group_items[rows]  # (n, P)
-        meter = EntropyMeter()
         recorder = self.objective.make_recorder()
-        completion = self._generate(ids, mask, shard.offset, Recorders(meter, recorder) if recorder is not None else meter)
+        # a recorder that already measures step entropies (EGSPO's trajectory) stands in for the meter
+        meter = recorder if hasattr(recorder, "entropy_stats") else EntropyMeter()
+        hooks = meter if recorder is None or recorder is meter else Recorders(meter, recorder)
+        completion = self._generate(ids, mask, shard.offset, hooks)
         comp_mask = completion_mask(completion, self.bundle.eos_token_id)
         texts = decode_completions(self.bundle.tokenizer, completion, self.bundle.eos_token_id)
         rewards = self.task.rewards(texts, group_items).to(self.device)  # (n,)
@@ -211,7 +216,7 @@ class DiffusionRLModule(L.LightningModule):
             extra = dict(zip(extra, (vals / shard.world_size).tolist()))
         group_std = all_rewards.view(-1, G).std(-1)
         lengths = shard.gather(comp_mask.sum(-1))  # (N,)
-        ent = shard.all_reduce_sum(torch.tensor([meter.total, meter.count], dtype=torch.float64, device=self.device))
+        ent = shard.all_reduce_sum(torch.tensor(meter.entropy_stats(), dtype=torch.float64, device=self.device))
         metrics = {
             "train/reward": all_rewards.mean().item(),
             "train/reward_std": all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
