@@ -392,8 +392,9 @@ def test_stabledrl_config_selects_elbo_and_command_line_wins(tmp_path):
 def test_stabledrl_config_errors_name_the_key(tmp_path):
     from diffusion_rl.train import build
 
-    for override, key in (("objective.eps=-1", "objective.eps"), ("objective.clip=soft", "objective.clip"),
-                          ("objective.normalize=batch", "objective.normalize"),
-                          ("objective.surrogate=spg_mix", "likelihood.weighting")):
+    for overrides, key in ((["objective.eps=-1"], "objective.eps"), (["objective.clip=soft"], "objective.clip"),
+                           (["objective.normalize=batch"], "objective.normalize"),
+                           (["objective.surrogate=spg_mix", "likelihood.weighting=inverse_t"], "likelihood.weighting")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-            build(compose_cfg(["objective=stabledrl", override], tmp_path))
+            build(compose_cfg(["objective=stabledrl", *overrides], tmp_path))
+    build(compose_cfg(["objective=stabledrl", "objective.surrogate=spg_mix"], tmp_path))  # the default weighting fits
