@@ -21,7 +21,7 @@ from typing import Any
 
 from diffusion_rl.rewards import gsm8k as gsm8k_rewards  # module object: see tasks/text.py
 from diffusion_rl.tasks.base import TASKS, RewardFn
-from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
+from diffusion_rl.tasks.loading import load_rows, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
 
 COLUMNS = ("question", "answer")
@@ -50,19 +50,13 @@ class GSM8KTask(TextTask):
     @functools.cached_property
     def _test(self) -> list[dict[str, Any]]:
         cfg = self.cfg
-        if cfg.data_path:
-            rows = load_jsonl(cfg.data_path, "task.data_path", COLUMNS)
-        else:
-            rows = list(load_hub(cfg.hub_id, cfg.hub_config, "test", "task.hub_id"))
+        rows = load_rows(cfg.data_path, "task.data_path", COLUMNS, cfg.hub_id, cfg.hub_config, "test")
         return _items(rows)[: cfg.num_test]
 
     @functools.cached_property
     def _train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
-        if cfg.train_data_path:
-            rows = load_jsonl(cfg.train_data_path, "task.train_data_path", COLUMNS)
-        else:
-            rows = list(load_hub(cfg.hub_id, cfg.hub_config, "train", "task.hub_id"))
+        rows = load_rows(cfg.train_data_path, "task.train_data_path", COLUMNS, cfg.hub_id, cfg.hub_config, "train")
         held_out = {it["question"] for it in self._test}
         items = [it for it in _items(rows) if it["question"] not in held_out]
         return seeded_subset(items, cfg.num_train, f"gsm8k/train/{cfg.seed}")

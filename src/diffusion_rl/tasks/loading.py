@@ -49,6 +49,15 @@ def load_hub(hub_id: str, config: str | None, split: str, key: str) -> Any:
         ) from err
 
 
+def load_rows(path: str | None, path_key: str, columns: Iterable[str], hub_id: str, hub_config: str | None,
+              split: str) -> list[dict[str, Any]]:
+    """The rows of the local JSONL at ``path`` (config key ``path_key``) if given, else of the hub's
+    ``split`` of ``hub_id`` (config key ``task.hub_id``)."""
+    if path:
+        return load_jsonl(path, path_key, columns)
+    return list(load_hub(hub_id, hub_config, split, "task.hub_id"))
+
+
 def seeded_subset(items: Sequence[dict[str, Any]], n: int | None, seed: str) -> list[dict[str, Any]]:
     """All items in order when ``n`` is None or covers them, else ``n`` drawn by a seeded generator."""
     if n is None or n >= len(items):

@@ -23,7 +23,7 @@ from typing import Any
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
 from diffusion_rl.tasks.base import TASKS, RewardFn
-from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
+from diffusion_rl.tasks.loading import load_hub, load_jsonl, load_rows, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
 
 MATH_SUBJECTS = [
@@ -62,10 +62,7 @@ class Math500Task(TextTask):
     @functools.cached_property
     def _test(self) -> list[dict[str, Any]]:
         cfg = self.cfg
-        if cfg.data_path:
-            rows = load_jsonl(cfg.data_path, "task.data_path", ("problem", "answer"))
-        else:
-            rows = list(load_hub(cfg.hub_id, cfg.hub_config, "test", "task.hub_id"))
+        rows = load_rows(cfg.data_path, "task.data_path", ("problem", "answer"), cfg.hub_id, cfg.hub_config, "test")
         items = [_item(r, "task.data_path") for r in rows]
         return [it for it in items if it is not None][: cfg.num_test]
 
