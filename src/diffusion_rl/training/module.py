@@ -84,10 +84,6 @@ class EntropyMeter:
         self.total += float(-(logp.exp() * logp).sum(-1).sum())
         self.count += int(committed.sum())
 
-    @property
-    def value(self) -> float:
-        return self.total / max(self.count, 1)
-
     def entropy_stats(self) -> tuple[float, int]:
         return self.total, self.count
 
