@@ -261,9 +261,11 @@ class CountdownTask(TextTask):
         expression. Either falls back to the other, then to the brute-force solver.
         """
         numbers, target = tuple(item["numbers"]), int(item["target"])
-        canonical = _canonical(numbers, target) if self.cfg.solution == "canonical" else None
-        expr = canonical or item.get("solution") or _canonical(numbers, target) or _solve(numbers, target)
-        return expr if expr is not None else ""
+        if self.cfg.solution == "canonical":
+            expr = _canonical(numbers, target) or item.get("solution")
+        else:
+            expr = item.get("solution") or _canonical(numbers, target)
+        return expr or _solve(numbers, target) or ""
 
     def reasoning(self, item: dict[str, Any]) -> str:
         expr = self.answer(item)
