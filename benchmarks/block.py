@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from diffusion_rl.likelihood.staircase import StaircaseConfig, StaircaseEstimator  # noqa: E402
-from diffusion_rl.models.policy import ModelConfig, build_policy, encode_prompts, logits_fn  # noqa: E402
+from diffusion_rl.models.build import build_policy  # noqa: E402
+from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn  # noqa: E402
 from diffusion_rl.sampling import SamplerConfig  # noqa: E402
 from diffusion_rl.sampling.block import block_generate  # noqa: E402
 

@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.test_sampler import reference_generate  # noqa: E402
 
-from diffusion_rl.models.policy import ModelConfig, build_policy, encode_prompts, logits_fn  # noqa: E402
+from diffusion_rl.models.build import build_policy  # noqa: E402
+from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn  # noqa: E402
 from diffusion_rl.sampling import SamplerConfig, generate  # noqa: E402
 
 

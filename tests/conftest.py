@@ -19,7 +19,8 @@ SHARED_DATA = Path(os.environ.get("DIFFUSION_RL_SHARED_DATA", ROOT.parent / "sha
 def tiny_bundle():
     import torch
 
-    from diffusion_rl.models.policy import ModelConfig, build_policy
+    from diffusion_rl.models.build import build_policy
+    from diffusion_rl.models.policy import ModelConfig
 
     torch.manual_seed(0)
     return build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))

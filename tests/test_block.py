@@ -13,7 +13,8 @@ from diffusion_rl.likelihood.staircase import (
     staircase_logits,
     staircase_mask,
 )
-from diffusion_rl.models.policy import ModelConfig, build_policy, encode_prompts, logits_fn
+from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
 from diffusion_rl.objectives.grpo import GRPO, GRPOConfig
 from diffusion_rl.objectives.stabledrl import StableDRL, StableDRLConfig
 from diffusion_rl.sampling import SamplerConfig, generate

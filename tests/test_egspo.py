@@ -9,7 +9,7 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.likelihood.stepwise import stepwise_logps
-from diffusion_rl.models.policy import encode_prompts, logits_fn
+from diffusion_rl.models.policy import decode_completions, encode_prompts, logits_fn
 from diffusion_rl.objectives.base import Rollout, StepContext, group_advantages
 from diffusion_rl.objectives.egspo import (
     EGSPO,
@@ -24,7 +24,6 @@ from diffusion_rl.objectives.egspo import (
 from diffusion_rl.objectives.selectors import SELECTORS, steps_up_to
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
-from diffusion_rl.training.evaluation import decode_completions
 
 PROMPTS = ["1203=", "40", "0000000=", "12"]  # different lengths: left padding is exercised
 

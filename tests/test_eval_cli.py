@@ -18,7 +18,8 @@ import torch
 import diffusion_rl.evaluate as ev_mod
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.evaluate import evaluate_checkpoint, rescore_generations, run_eval
-from diffusion_rl.models.policy import ModelConfig, build_policy
+from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.policy import ModelConfig
 
 from .conftest import ROOT, SHARED_DATA
 from .helpers import TINY

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.models.policy import ModelConfig, build_policy
+from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.policy import ModelConfig
 from diffusion_rl.train import build, train
 
 from .helpers import CONF, compose_cfg

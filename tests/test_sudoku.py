@@ -11,19 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.rewards.sudoku import (
+    is_valid_solution,
+    parse_answer,
+    sudoku_cell_reward,
+    sudoku_metrics,
+)
 from diffusion_rl.tasks import TASKS
 from diffusion_rl.tasks.sudoku import (
     SudokuConfig,
     SudokuTask,
     all_solution_grids,
     count_solutions,
-    is_valid_solution,
     load_sudoku_csv,
     make_puzzle,
-    parse_answer,
     split_grids,
-    sudoku_cell_reward,
-    sudoku_metrics,
 )
 
 GRID = "3142243142131324"  # the README example's solution

@@ -37,7 +37,8 @@ from omegaconf import DictConfig
 
 from diffusion_rl.config import from_dict
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.models.policy import ModelConfig, PolicyBundle, build_policy
+from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import Task
 from diffusion_rl.train import EvalConfig, build_task

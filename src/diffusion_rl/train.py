@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from diffusion_rl.config import from_dict
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
-from diffusion_rl.models.policy import ModelConfig, PolicyBundle, build_policy
+from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.objectives import OBJECTIVES, Objective
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import check_block_sampler

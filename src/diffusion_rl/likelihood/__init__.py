@@ -1,10 +1,8 @@
-"""Likelihood estimators: how ``log pi(x | q)`` of a diffusion LM is approximated (SPEC §3)."""
+"""Likelihood estimators: how ``log pi(x | q)`` of a diffusion LM is approximated (SPEC §3).
 
-from diffusion_rl.likelihood import (
-    elbo,  # noqa: F401  (registers "elbo")
-    one_step,  # noqa: F401  (registers "one_step")
-    staircase,  # noqa: F401  (registers "staircase")
-)
+One file per estimator, registered by name and found by :func:`discover`.
+"""
+
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,
@@ -12,5 +10,8 @@ from diffusion_rl.likelihood.base import (
     mask_seeds,
     rand_rows,
 )
+from diffusion_rl.registry import discover
+
+discover(__name__, __path__)
 
 __all__ = ["LIKELIHOODS", "LikelihoodConfig", "LikelihoodEstimator", "mask_seeds", "rand_rows"]

@@ -14,20 +14,10 @@ import torch
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.registry import Registry
+from diffusion_rl.seeding import mix_seed
 
 LIKELIHOODS: Registry[type[LikelihoodEstimator]] = Registry("likelihood.name")
 
-_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
-
-
-def _mix(*parts: int) -> int:
-    """A deterministic 63-bit hash of integers (splitmix64 steps); Python's hash() is salted."""
-    h = 0
-    for p in parts:
-        h = (h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * _MIX[1] & 0xFFFFFFFFFFFFFFFF
-        h = (h ^ (h >> 31)) * _MIX[2] & 0xFFFFFFFFFFFFFFFF
-        h = (h + _MIX[0]) & 0xFFFFFFFFFFFFFFFF
-    return h & 0x7FFFFFFFFFFFFFFF
 
 
 def mask_seeds(run_seed: int, rollout_id: int, num_samples: int, inner_iter: int, offset: int = 0) -> list[int]:
@@ -35,7 +25,7 @@ def mask_seeds(run_seed: int, rollout_id: int, num_samples: int, inner_iter: int
 
     ``offset`` is the global index of the first sample (a process's share of a data-parallel batch),
     so a sample draws the same masks whatever the number of processes."""
-    return [_mix(run_seed, rollout_id, j, inner_iter) for j in range(offset, offset + num_samples)]
+    return [mix_seed(run_seed, rollout_id, j, inner_iter) for j in range(offset, offset + num_samples)]
 
 
 def rand_rows(seeds: list[int], width: int, device: torch.device | str = "cpu", k: int = 1) -> torch.Tensor:
@@ -103,3 +93,13 @@ def mask_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, u: torch.Te
     """Replace real prompt tokens where ``u < p`` by the mask token (padding stays padding)."""
     hit = (u < p) & prompt_mask.bool()
     return torch.where(hit, torch.full_like(prompt_ids, mask_id), prompt_ids)
+
+
+def force_at_least_one(mask: torch.Tensor, allowed: torch.Tensor, key: torch.Tensor, largest: bool = False) -> torch.Tensor:
+    """Where a row of ``mask`` is empty, set its allowed position with the smallest (largest) key."""
+    fill = float("-inf") if largest else float("inf")
+    k = torch.where(allowed, key, torch.full_like(key, fill))
+    idx = k.argmax(-1) if largest else k.argmin(-1)
+    pick = torch.zeros_like(mask).scatter_(-1, idx[..., None], True) & allowed
+    empty = ~mask.any(-1, keepdim=True)
+    return mask | (pick & empty)

@@ -47,10 +47,11 @@ from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,
     LikelihoodEstimator,
-    _mix,
+    force_at_least_one,
     rand_rows,
     token_logps,
 )
+from diffusion_rl.seeding import mix_seed
 
 _SAMPLE_SALT = 0xE1B0
 
@@ -142,17 +143,9 @@ def eubo_from_logps(token_logps: torch.Tensor, masked: torch.Tensor, t: torch.Te
 
 def sample_seeds(seeds: list[int], k: int) -> list[int]:
     """Seeds of Monte Carlo sample ``k``: sample 0 uses the caller's seeds unchanged."""
-    return list(seeds) if k == 0 else [_mix(s, _SAMPLE_SALT, k) for s in seeds]
+    return list(seeds) if k == 0 else [mix_seed(s, _SAMPLE_SALT, k) for s in seeds]
 
 
-def _force_one(mask: torch.Tensor, allowed: torch.Tensor, key: torch.Tensor, largest: bool = False) -> torch.Tensor:
-    """Where a row of ``mask`` is empty, set its allowed position with the smallest (largest) key."""
-    fill = float("-inf") if largest else float("inf")
-    k = torch.where(allowed, key, torch.full_like(key, fill))
-    idx = k.argmax(-1) if largest else k.argmin(-1)
-    pick = torch.zeros_like(mask).scatter_(-1, idx[..., None], True) & allowed
-    empty = ~mask.any(-1, keepdim=True)
-    return mask | (pick & empty)
 
 
 @LIKELIHOODS.register("elbo")
@@ -183,14 +176,14 @@ class ELBOEstimator(LikelihoodEstimator):
             blk = (u_blk * n_blocks).floor().long().clamp(max=n_blocks - 1)  # (n, B)
             pb = (pos // c.block_length)[None, None]  # (1, 1, L)
             in_blk = (pb == blk[..., None]) & sc
-            masked = _force_one((u_c < t[..., None]) & in_blk, in_blk, u_c) | ((pb > blk[..., None]) & sc)
+            masked = force_at_least_one((u_c < t[..., None]) & in_blk, in_blk, u_c) | ((pb > blk[..., None]) & sc)
             t = masked.sum(-1) / sc.sum(-1).clamp_min(1)  # empirical masking rate
             return prompt_hit, masked, t.float(), scored
-        masked = _force_one((u_c < t[..., None]) & sc, sc, u_c)  # (n, B, L)
+        masked = force_at_least_one((u_c < t[..., None]) & sc, sc, u_c)  # (n, B, L)
         if not c.antithetic:
             return prompt_hit, masked, t, scored
         comp = sc & ~masked
-        comp_forced = _force_one(comp, sc, u_c, largest=True)
+        comp_forced = force_at_least_one(comp, sc, u_c, largest=True)
         moved = comp_forced & ~comp & (sc.sum(-1, keepdim=True) >= 2)  # token moved into the complement
         masked = masked & ~moved
         comp = comp | moved

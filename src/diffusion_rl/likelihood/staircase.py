@@ -42,10 +42,11 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodEstimator,
+    force_at_least_one,
     rand_rows,
     token_logps,
 )
-from diffusion_rl.likelihood.elbo import MonteCarloConfig, _force_one, elbo_from_logps, sample_seeds
+from diffusion_rl.likelihood.elbo import MonteCarloConfig, elbo_from_logps, sample_seeds
 from diffusion_rl.sampling.block import align_prompt
 
 
@@ -168,7 +169,7 @@ class StaircaseEstimator(LikelihoodEstimator):
         prompt_hit = (u_p < c.p_mask_prompt) & prompt_mask.bool()
         sc = scored.expand_as(u_c).reshape(-1, B, nb, bs)  # (K, B, nb, bs)
         ub = u_c.reshape(-1, B, nb, bs)
-        masked = _force_one((ub < t[..., None]) & sc, sc, ub).reshape(-1, B, L)  # at least one per block
+        masked = force_at_least_one((ub < t[..., None]) & sc, sc, ub).reshape(-1, B, L)  # at least one per block
         return prompt_hit, masked, t, scored
 
     def sample(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds) -> StaircaseSample:

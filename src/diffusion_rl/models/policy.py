@@ -1,5 +1,8 @@
 """The policy interface the rest of the code sees, and the registry of model builders.
 
+Builders register in their own files (``tiny.py``, ``hf.py``); :func:`diffusion_rl.models.build.build_policy`
+builds one by name. This file imports none of them.
+
 A :class:`PolicyBundle` holds a network whose call ``net(input_ids=..., attention_mask=...)``
 returns an object with ``.logits`` (what the embedded model and Hugging Face diffusion LMs such as
 LLaDA both satisfy), its tokenizer, and the special ids the sampler needs. Nothing downstream knows
@@ -110,32 +113,6 @@ def logits_fn(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor | None], t
     return forward
 
 
-@MODELS.register("tiny")
-def build_tiny(cfg: ModelConfig) -> PolicyBundle:
-    from diffusion_rl.models.tiny import TinyConfig, TinyDiffusionLM
-    from diffusion_rl.models.tokenizer import CharTokenizer
-
-    tok = CharTokenizer()
-    net = TinyDiffusionLM(
-        TinyConfig(
-            vocab_size=tok.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-            ffn_mult=cfg.ffn_mult, max_len=cfg.max_len, block_size=cfg.block_size,
-            learned_positions=cfg.learned_positions,
-        )
-    )
-    return PolicyBundle(net, tok, tok.mask_token_id, tok.eos_token_id, tok.pad_token_id, cfg.block_size,
-                        cfg.custom_attention_mask)
-
-
-def build_policy(cfg: ModelConfig) -> PolicyBundle:
-    """Build the named model, then apply the training options (LoRA, activation checkpointing)."""
-    import diffusion_rl.models.hf  # noqa: F401  (registers "hf")
-    from diffusion_rl.models.adapters import prepare_for_training
-
-    cfg.validate()
-    bundle = MODELS.get(cfg.name)(cfg)
-    bundle.net = prepare_for_training(bundle.net, cfg)
-    return bundle
 
 
 def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu",
@@ -153,3 +130,13 @@ def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "
     finally:
         tokenizer.padding_side = old_side
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def decode_completions(tokenizer, completion: torch.Tensor, eos_id: int) -> list[str]:
+    """Text of each completion up to (excluding) its first EOS; special tokens dropped."""
+    texts = []
+    for row in completion.tolist():
+        if eos_id in row:
+            row = row[: row.index(eos_id)]
+        texts.append(tokenizer.decode(row, skip_special_tokens=True))
+    return texts

@@ -25,6 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffusion_rl.models.policy import MODELS, ModelConfig, PolicyBundle
+from diffusion_rl.models.tokenizer import CharTokenizer
+
 
 @dataclass
 class TinyConfig:
@@ -163,3 +166,17 @@ class TinyDiffusionLM(nn.Module):
             x, kv = blk(x, position_ids, mask, None if past_key_values is None else past_key_values[i])
             cache.append(kv)
         return TinyOutput(logits=self.head(self.norm(x)).float(), past_key_values=cache if use_cache else None)
+
+
+@MODELS.register("tiny")
+def build_tiny(cfg: ModelConfig) -> PolicyBundle:
+    tok = CharTokenizer()
+    net = TinyDiffusionLM(
+        TinyConfig(
+            vocab_size=tok.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+            ffn_mult=cfg.ffn_mult, max_len=cfg.max_len, block_size=cfg.block_size,
+            learned_positions=cfg.learned_positions,
+        )
+    )
+    return PolicyBundle(net, tok, tok.mask_token_id, tok.eos_token_id, tok.pad_token_id, cfg.block_size,
+                        cfg.custom_attention_mask)

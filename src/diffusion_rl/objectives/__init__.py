@@ -1,16 +1,8 @@
-"""Policy-gradient objectives, registered by name (one file per objective)."""
+"""Policy-gradient objectives, registered by name: one file per objective, found by :func:`discover`."""
 
-from diffusion_rl.objectives import (
-    egspo,  # noqa: F401  (registers "egspo", "egspo_sa")
-    grpo,  # noqa: F401  (registers "grpo")
-    stabledrl,  # noqa: F401  (registers "stabledrl")
-)
-from diffusion_rl.objectives.base import (
-    OBJECTIVES,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    group_advantages,
-)
+from diffusion_rl.objectives.base import OBJECTIVES, Objective, ObjectiveConfig, StepContext
+from diffusion_rl.registry import discover
 
-__all__ = ["OBJECTIVES", "Objective", "ObjectiveConfig", "StepContext", "group_advantages"]
+discover(__name__, __path__)
+
+__all__ = ["OBJECTIVES", "Objective", "ObjectiveConfig", "StepContext"]

@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.likelihood.base import _mix
 from diffusion_rl.likelihood.stepwise import stepwise_logps
+from diffusion_rl.models.policy import decode_completions
 from diffusion_rl.objectives.base import (
     OBJECTIVES,
     Objective,
@@ -57,6 +57,7 @@ from diffusion_rl.objectives.base import (
 )
 from diffusion_rl.objectives.selectors import SELECTORS, steps_up_to
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.seeding import mix_seed
 
 
 @dataclass
@@ -181,7 +182,7 @@ class EGSPO(Objective):
         if c.K > T:
             raise ConfigError("objective.K", c.K, f"must be <= the sampler's steps (sampler.steps={T})")
         cand = steps_up_to(self._last_content_step(rollout, recorder), T) if c.stop_at_last_content else None
-        gen = torch.Generator().manual_seed(_mix(c.seed, rollout.rollout_id, 0xE65))
+        gen = torch.Generator().manual_seed(mix_seed(c.seed, rollout.rollout_id, 0xE65))
         entropies = recorder.entropies  # (N, T)
         steps = SELECTORS.get(c.select)(entropies, c.K, cand, gen).to(entropies.device)  # (N, K), -1 = unused
         valid = steps >= 0
@@ -329,8 +330,6 @@ class EGSPOSA(EGSPO):
     def greedy_values(rollout: Rollout, traj: TrajectoryRecorder, steps: torch.Tensor, valid: torch.Tensor,
                       task) -> torch.Tensor:
         """``V = r(xhat_s)`` at every selected step; unused slots get ``r(x_0)``. -> (N, K)"""
-        from diffusion_rl.training.evaluation import decode_completions
-
         tokenizer, eos = _extra(rollout, "tokenizer"), _extra(rollout, "eos_token_id")
         L = rollout.completion_ids.shape[1]
         bi, ki = valid.nonzero(as_tuple=True)  # (n,) each

@@ -34,8 +34,7 @@ from fractions import Fraction
 from itertools import combinations
 from typing import Any
 
-from diffusion_rl.rewards._common import column, completion_text
-from diffusion_rl.tasks.base import MAX_SCAN_CHARS, extract_answer
+from diffusion_rl.rewards.answer import MAX_SCAN_CHARS, column, completion_text, extract_answer
 
 log = logging.getLogger(__name__)
 

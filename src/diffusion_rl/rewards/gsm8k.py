@@ -28,9 +28,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from diffusion_rl.rewards._common import column, completion_text
+from diffusion_rl.rewards.answer import column, completion_text, extract_answer
 from diffusion_rl.rewards.math500 import last_boxed
-from diffusion_rl.tasks.base import extract_answer
 
 log = logging.getLogger(__name__)
 

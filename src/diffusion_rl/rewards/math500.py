@@ -37,8 +37,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from diffusion_rl.rewards._common import column, completion_text
-from diffusion_rl.tasks.base import MAX_SCAN_CHARS, extract_answer
+from diffusion_rl.rewards.answer import MAX_SCAN_CHARS, column, completion_text, extract_answer
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,9 @@
-"""Tasks: data, prompts, rewards and metrics for each benchmark, registered by name."""
+"""Tasks: data, prompts, rewards and metrics for each benchmark, registered by name (one file each,
+found by :func:`discover`)."""
 
-from diffusion_rl.tasks.base import TASKS, Task, TaskConfig, TaskDataModule, extract_answer
+from diffusion_rl.registry import discover
+from diffusion_rl.tasks.base import TASKS, Task, TaskConfig, TaskDataModule
 
-__all__ = ["TASKS", "Task", "TaskConfig", "TaskDataModule", "extract_answer"]
-from diffusion_rl.tasks import countdown, gsm8k, math500, sudoku  # noqa: F401, E402
+discover(__name__, __path__)
+
+__all__ = ["TASKS", "Task", "TaskConfig", "TaskDataModule"]

@@ -11,7 +11,6 @@ completion ``failure_reward`` instead of killing the run.
 from __future__ import annotations
 
 import logging
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.registry import Registry
+from diffusion_rl.rewards.answer import extract_answer
 from diffusion_rl.tasks.order import ResumableLoader
 
 log = logging.getLogger(__name__)
@@ -30,21 +30,6 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[..., list[float]]
 TASKS: Registry[type[Task]] = Registry("task.name")
 
-# The last <answer>...</answer> block wins; an unterminated final <answer> runs to the end.
-_ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
-MAX_SCAN_CHARS = 100_000  # rewards look at most at the tail this long: bounded time on huge strings
-
-
-def extract_answer(text: str) -> str:
-    """The content of the last ``<answer>`` block, else the whole text (SPEC §5)."""
-    if not isinstance(text, str):
-        return ""
-    text = text[-MAX_SCAN_CHARS:]
-    last = text.rfind("<answer>")
-    if last < 0:
-        return text.strip()
-    m = _ANSWER_RE.match(text, last)
-    return m.group(1).strip() if m else ""
 
 
 @dataclass

@@ -37,7 +37,8 @@ from typing import Any
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.rewards import countdown as cd_rewards  # module object: see tasks/text.py
-from diffusion_rl.tasks.base import TASKS, RewardFn, extract_answer
+from diffusion_rl.rewards.answer import extract_answer
+from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from diffusion_rl.likelihood.base import _mix
+from diffusion_rl.seeding import mix_seed
 
 _SALT = 0xDA7A
 
@@ -40,7 +40,7 @@ class EpochOrder(Sampler[int]):
             self.epoch, self.start = epoch, 0
 
     def order(self, epoch: int) -> list[int]:
-        gen = torch.Generator().manual_seed(_mix(self.seed, epoch, _SALT))
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, epoch, _SALT))
         return torch.randperm(self.n, generator=gen).tolist()
 
     def __iter__(self) -> Iterator[int]:

@@ -8,19 +8,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffusion_rl.models.policy import PolicyBundle, encode_prompts
+from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
-
-
-def decode_completions(tokenizer, completion: torch.Tensor, eos_id: int) -> list[str]:
-    """Text of each completion up to (excluding) its first EOS; special tokens dropped."""
-    texts = []
-    for row in completion.tolist():
-        if eos_id in row:
-            row = row[: row.index(eos_id)]
-        texts.append(tokenizer.decode(row, skip_special_tokens=True))
-    return texts
 
 
 @torch.no_grad()

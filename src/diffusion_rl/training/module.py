@@ -39,15 +39,14 @@ import torch
 
 from diffusion_rl.distributed import Shard
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.likelihood.base import _mix
 from diffusion_rl.models.adapters import has_adapter, reference_logits_fn
-from diffusion_rl.models.policy import PolicyBundle, encode_prompts, logits_fn
+from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts, logits_fn
 from diffusion_rl.objectives.base import Objective, Rollout, StepContext, group_advantages
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
 from diffusion_rl.sampling.sampler import completion_mask
+from diffusion_rl.seeding import mix_seed
 from diffusion_rl.training.checkpoint import rng_state, set_rng_state
-from diffusion_rl.training.evaluation import decode_completions
 from diffusion_rl.training.strategy import clip_grad_norm
 
 log = logging.getLogger(__name__)
@@ -235,7 +234,7 @@ class DiffusionRLModule(L.LightningModule):
         parts = []
         for s in range(0, n, size):
             first = offset + s  # global row: the same rows draw the same noise on any number of processes
-            key = _mix(self.seed, self.rollout_count, 0xA11) if first == 0 else _mix(self.seed, self.rollout_count, 0xA11, first)
+            key = mix_seed(self.seed, self.rollout_count, 0xA11) if first == 0 else mix_seed(self.seed, self.rollout_count, 0xA11, first)
             gen = torch.Generator(device=self.device).manual_seed(key)
             out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler_cfg,
                                   self.bundle.mask_token_id, gen, recorder)
