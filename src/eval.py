@@ -19,7 +19,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from diffusion_rl.conf_store import register_configs
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
+register_configs()  # the dataclass defaults the yaml files start from; at import, so sweep workers have them
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="eval")

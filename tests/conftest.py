@@ -10,6 +10,10 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from diffusion_rl.conf_store import register_configs  # noqa: E402
+
+register_configs()  # the base_* nodes every conf/ yaml starts from
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 SHARED_DATA = Path(os.environ.get("DIFFUSION_RL_SHARED_DATA", ROOT.parent / "shared" / "data"))

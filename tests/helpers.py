@@ -7,6 +7,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from diffusion_rl.conf_store import register_configs
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 # A run small enough for the default test tier: a 2-layer d=32 model, 2 prompts x 4 samples.
@@ -19,9 +21,19 @@ TINY = [
 ]
 
 
-def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True) -> DictConfig:
+def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True, config_name: str = "config") -> DictConfig:
+    register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(
-            config_name="config",
+            config_name=config_name,
             overrides=(TINY if tiny else []) + [f"paths.cache_dir={tmp_path / 'cache'}"] + overrides,
         )
+
+
+def rollout_of(prompt, pmask, comp, cmask, rewards, advantages, group_size: int, rollout_id: int = 7, **kw):
+    """A :class:`Rollout` of hand-made tensors (no texts or items; rewards of every row known)."""
+    from diffusion_rl.objectives.base import Rollout
+
+    n = comp.shape[0]
+    return Rollout(rollout_id, group_size, prompt, pmask, comp, cmask, [""] * n, [{}] * n, rewards, rewards, {},
+                   advantages, **kw)

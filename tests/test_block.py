@@ -239,12 +239,14 @@ def test_config_errors_name_the_key(tmp_path):
 
 @pytest.mark.parametrize("objective", ["stabledrl", "grpo"])
 def test_staircase_plugs_into_objectives(block_bundle, objective):
-    from diffusion_rl.objectives.base import Rollout, StepContext
+    from diffusion_rl.objectives.base import StepContext
+
+    from .helpers import rollout_of
 
     ids, mask, comp, cmask = _data(block_bundle)
     est = _est(block_bundle)
     obj = StableDRL(StableDRLConfig(), est) if objective == "stabledrl" else GRPO(GRPOConfig(), est)
-    ro = Rollout(0, 3, ids, mask, comp, cmask, torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0.5, -0.5, 0.0]))
+    ro = rollout_of(ids, mask, comp, cmask, torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0.5, -0.5, 0.0]), 3, 0)
     fwd = logits_fn(block_bundle.net)
     loss, metrics = obj.loss(StepContext(ro, 0, 0, fwd, fwd, None))
     loss.backward()

@@ -2,7 +2,6 @@
 
 import csv
 import math
-import statistics
 
 import pytest
 import torch
@@ -14,7 +13,6 @@ from diffusion_rl.training.diagnostics import (
     SPEC_METRICS,
     DiagnosticsConfig,
     GradSpikeTracker,
-    combine_rows,
 )
 
 from .helpers import compose_cfg
@@ -55,23 +53,6 @@ def test_tracker_state_round_trip_continues_the_same_series():
     second = GradSpikeTracker(cfg)
     second.load_state_dict(first.state_dict())
     assert [second.update(x) for x in SERIES[5:]] == expected[5:]
-
-
-def test_combine_rows_uses_sums_and_counts_not_a_mean_of_means():
-    a, b = [1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]  # rewards of two processes
-    row = lambda r, extra: {"train/reward": statistics.mean(r), "train/reward_std": statistics.stdev(r), **extra}
-    ra = row(a, {"ratio/log_max": 2.0, "ratio/log_min": -1.0, "throughput/tokens_per_s": 100.0,
-                 "time/update_s": 1.0, "grad/norm": 3.0, "weights/ess": 2.0})
-    rb = row(b, {"ratio/log_max": 5.0, "ratio/log_min": -0.5, "throughput/tokens_per_s": 50.0,
-                 "time/update_s": 2.0, "grad/norm": 3.0, "weights/ess": 4.0})
-    out = combine_rows([ra, rb], [len(a), len(b)])
-    assert out["train/reward"] == pytest.approx(statistics.mean(a + b))  # 5/10, not (2/3 + 3/7)/2
-    assert out["train/reward_std"] == pytest.approx(statistics.stdev(a + b))
-    assert out["ratio/log_max"] == 5.0 and out["ratio/log_min"] == -1.0
-    assert out["throughput/tokens_per_s"] == 150.0 and out["time/update_s"] == 2.0
-    assert out["grad/norm"] == 3.0
-    assert out["weights/ess"] == pytest.approx((2.0 * 3 + 4.0 * 7) / 10)
-    assert combine_rows([ra], [3]) == pytest.approx(ra)  # one process: unchanged
 
 
 @pytest.mark.parametrize("bad", ["diagnostics.spike_factor=0.5", "diagnostics.min_history=0",

@@ -1,27 +1,23 @@
 """EGSPO: trajectory recording and reconstruction, step selectors, stepwise likelihood, losses."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from diffusion_rl.advantages import ADVANTAGES, StepwiseAdvantage, StepwiseConfig
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.likelihood.stepwise import stepwise_logps
 from diffusion_rl.models.policy import decode_completions, encode_prompts, logits_fn
-from diffusion_rl.objectives.base import Rollout, StepContext, group_advantages
-from diffusion_rl.objectives.egspo import (
-    EGSPO,
-    EGSPOSA,
-    EGSPOConfig,
-    EGSPOSAConfig,
-    egspo_loss,
-    slice_slots,
-    stepwise_advantages,
-    stepwise_returns,
-)
+from diffusion_rl.objectives.base import StepContext
+from diffusion_rl.objectives.egspo import EGSPO, EGSPOConfig, last_content_step, slice_slots
+from diffusion_rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
+from diffusion_rl.objectives.grpo import grpo_loss
 from diffusion_rl.objectives.selectors import SELECTORS, steps_up_to
+from diffusion_rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
@@ -53,18 +49,16 @@ def _rollout(bundle, prompts=PROMPTS, steps=4, record_greedy=True, seed=1):
     return fwd, ids, mask, attn, out, rec, spy
 
 
-def test_trajectory_entropy_stats_equal_the_module_entropy_meter(tiny_bundle):
-    """The module reads train/entropy from the trajectory instead of a second entropy pass."""
-    from diffusion_rl.training.module import EntropyMeter, Recorders
-
+def test_sampler_entropy_equals_the_trajectory_records(tiny_bundle):
+    """train/entropy comes from the sampler's own per-row sums; the trajectory's per-step means agree."""
     ids, mask = encode_prompts(tiny_bundle.tokenizer, PROMPTS)
     cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.9)
-    rec, meter = TrajectoryRecorder(tiny_bundle.mask_token_id), EntropyMeter()
-    generate(logits_fn(tiny_bundle.net.eval()), ids, mask, cfg, tiny_bundle.mask_token_id,
-             torch.Generator().manual_seed(3), Recorders(rec, meter))
-    total, count = rec.entropy_stats()
-    assert count == meter.count == 4 * 8 and total == pytest.approx(meter.total, rel=1e-5) and total > 0
-    assert TrajectoryRecorder(tiny_bundle.mask_token_id).entropy_stats() == (0.0, 0)
+    rec = TrajectoryRecorder(tiny_bundle.mask_token_id)
+    out = generate(logits_fn(tiny_bundle.net.eval()), ids, mask, cfg, tiny_bundle.mask_token_id,
+                   torch.Generator().manual_seed(3), rec)
+    assert out.num_committed.tolist() == [8] * 4 and rec.counts.sum(-1).tolist() == [8] * 4
+    per_row = (rec.entropies * rec.counts.float()).sum(-1)  # (B,)
+    assert torch.allclose(out.entropy_sum.float(), per_row, rtol=1e-5) and bool((per_row > 0).all())
 
 
 def test_recorded_values_match_a_separate_forward_on_reconstructed_states(tiny_bundle):
@@ -156,8 +150,7 @@ def test_memory_figure_in_docstring():
     rec = TrajectoryRecorder(mask_id)
     cfg = SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=1.0, gumbel_dtype="float32")
     generate(fwd, torch.zeros(1, 0, dtype=torch.long), None, cfg, mask_id, g, rec)
-    greedy_entries = sum(256 - 2 * s for s in range(128))
-    assert greedy_entries == 16512
+    greedy_entries = sum(256 - 2 * s for s in range(128))  # still-masked positions before each step
     # V fits int16 here (2 bytes per greedy token); LLaDA's 126,464 ids need int32 (4 bytes): 69,888 B
     assert rec.nbytes() == 2 * 256 + 8 * 256 + 128 * (4 + 4 + 2) + 2 * greedy_entries
     assert rec.nbytes() - 2 * greedy_entries + 4 * greedy_entries == 69888
@@ -208,75 +201,60 @@ def test_stop_at_last_content_uses_the_last_step_before_eos():
         rec.on_step(s, x.clone(), torch.randn(1, 5, 10), cand, committed)
         x = torch.where(committed, cand, x)
     comp = x[:, 1:]
-    ro = Rollout(0, 1, x[:, :1], torch.ones(1, 1), comp, torch.tensor([[1.0, 1.0, 0.0, 0.0]]), torch.zeros(1),
-                 torch.zeros(1), extras={"eos_token_id": EOS})
-    assert EGSPO._last_content_step(ro, rec).tolist() == [0]  # 'A' at step 0; 'B' after the EOS is not text
-    ro.completion_ids = torch.tensor([[EOS, A, B, EOS]])  # empty answer: the step that placed the EOS
-    rec.final[0, 1:] = ro.completion_ids
-    ro.completion_mask = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
-    assert EGSPO._last_content_step(ro, rec).tolist() == [0]
+    cmask = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    assert last_content_step(rec, comp, cmask, EOS).tolist() == [0]  # 'A' at step 0; 'B' after the EOS is not text
+    comp = torch.tensor([[EOS, A, B, EOS]])  # empty answer: the step that placed the EOS
+    rec.final[0, 1:] = comp
+    cmask = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    assert last_content_step(rec, comp, cmask, EOS).tolist() == [0]
     rec.commit_step[0, 1:] = torch.tensor([2, 0, 1, 3], dtype=torch.int16)
-    assert EGSPO._last_content_step(ro, rec).tolist() == [2]
+    assert last_content_step(rec, comp, cmask, EOS).tolist() == [2]
 
 
 # ---- pure math ----------------------------------------------------------------------------
-def test_stepwise_advantages_hand_computed():
-    r = torch.tensor([1.0, 0.0, 0.5, 0.5])  # one group of 4
-    V = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 0.5], [0.0, 0.5]])
-    R = stepwise_returns(r, V, lam=0.5, normalize=False)
-    assert torch.allclose(R, torch.tensor([[1.0, 1.5], [0.0, 0.0], [0.25, 0.5], [0.75, 0.5]]))
-    Rn = stepwise_returns(r, V, lam=0.5, normalize=True)
-    assert torch.allclose(Rn, R / 1.5)
-    A = stepwise_advantages(R, 4)
-    assert torch.allclose(A, torch.tensor([[0.5, 0.875], [-0.5, -0.625], [-0.25, -0.125], [0.25, -0.125]]))
-    assert torch.allclose(A.view(1, 4, 2).sum(1), torch.zeros(1, 2), atol=1e-6)  # zero mean per slot
-    # lam = 0: every slot gets the sequence advantage, bit for bit
-    A0 = stepwise_advantages(stepwise_returns(r, V, 0.0, True), 4)
-    assert torch.equal(A0, group_advantages(r, 4)[:, None].expand(4, 2))
+def _step_loss(logp, old, adv, mask=None):
+    """EGSPO's per-step loss: GRPO's clipped surrogate with EGSPO's clip range, advantages per step."""
+    mask = torch.ones_like(logp) if mask is None else mask
+    return grpo_loss(logp, old, adv, mask, EGSPOConfig(eps=0.2, eps_high=0.5), group_size=1)
 
 
-def test_egspo_loss_hand_computed_and_clipping_on_both_sides():
+def test_step_loss_hand_computed_and_clipping_on_both_sides():
     # inside the clip range: -mean(rho * A), gradient -rho * A / n
     logp = torch.tensor([[0.1, -0.1]], requires_grad=True)
     adv = torch.tensor([[1.0, -2.0]])
-    loss, m = egspo_loss(logp, torch.zeros(1, 2), adv, 0.2, 0.5)
+    loss, m = _step_loss(logp, torch.zeros(1, 2), adv)
     assert loss.item() == pytest.approx(-(math.exp(0.1) * 1 - math.exp(-0.1) * 2) / 2, rel=1e-6)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-math.exp(0.1) / 2, math.exp(-0.1)]]), atol=1e-6)
     assert m["ratio/clip_frac_low"].item() == 0 and m["ratio/clip_frac_high"].item() == 0
     # A > 0, rho = 2 > 1 + eps_high: clipped at 1.5, no gradient
     logp = torch.tensor([[math.log(2.0)]], requires_grad=True)
-    loss, m = egspo_loss(logp, torch.zeros(1, 1), torch.tensor([[1.0]]), 0.2, 0.5)
+    loss, m = _step_loss(logp, torch.zeros(1, 1), torch.tensor([[1.0]]))
     assert loss.item() == pytest.approx(-1.5)
     loss.backward()
     assert logp.grad.item() == 0 and m["ratio/clip_frac_high"].item() == 1
     # A < 0, rho = 0.5 < 1 - eps: clipped at 0.8, no gradient
     logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
-    loss, m = egspo_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), 0.2, 0.5)
+    loss, m = _step_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]))
     assert loss.item() == pytest.approx(0.8)
     loss.backward()
     assert logp.grad.item() == 0 and m["ratio/clip_frac_low"].item() == 1
     # A > 0, rho = 0.5 below the range: not clipped (the min keeps rho * A)
     logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
-    loss, _ = egspo_loss(logp, torch.zeros(1, 1), torch.tensor([[1.0]]), 0.2, 0.5)
+    loss, _ = _step_loss(logp, torch.zeros(1, 1), torch.tensor([[1.0]]))
     assert loss.item() == pytest.approx(-0.5)
     loss.backward()
     assert logp.grad.item() == pytest.approx(-0.5)
 
 
-def test_egspo_loss_valid_mask_and_kl():
+def test_step_loss_ignores_unused_slots():
     logp = torch.tensor([[0.0, 0.0], [0.3, 7.0]])
     adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
     valid = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    loss, m = egspo_loss(logp, torch.zeros(2, 2), adv, 0.2, 0.5, valid=valid)
+    loss, m = _step_loss(logp, torch.zeros(2, 2), adv, valid)
     assert loss.item() == pytest.approx((-1.0 - 2 * math.exp(0.3)) / 2)  # the unused slot is ignored
     assert m["ratio/log_max"].item() == pytest.approx(0.3)
-    ref = torch.tensor([[0.1, 0.0], [0.0, 0.0]])
-    loss_kl, m = egspo_loss(logp, logp, torch.zeros(2, 2), 0.2, 0.5, ref, beta=0.5, valid=valid)
-    k3 = math.exp(0.1) - 0.1 - 1
-    k3b = math.exp(-0.3) + 0.3 - 1
-    assert loss_kl.item() == pytest.approx(0.5 * (k3 / 2 + k3b) / 2, rel=1e-5)
-    allmasked, _ = egspo_loss(logp, logp, adv, 0.2, 0.5, valid=torch.zeros(2, 2))
+    allmasked, _ = _step_loss(logp, logp, adv, torch.zeros(2, 2))
     assert torch.isfinite(allmasked)
 
 
@@ -297,7 +275,6 @@ def test_slice_schedule_covers_all_slots():
         (EGSPOConfig, {"K": 4, "steps_per_update": 5}, "objective.steps_per_update"),
         (EGSPOConfig, {"old_logp": "x"}, "objective.old_logp"),
         (EGSPOConfig, {"eps": 1.5}, "objective.eps"),
-        (EGSPOSAConfig, {"lam": -1.0}, "objective.lam"),
     ],
 )
 def test_config_errors(cls, kwargs, key):
@@ -310,22 +287,24 @@ def test_config_errors(cls, kwargs, key):
 class TextTask:
     """A reward that depends on the text, so greedy completions get different values."""
 
-    def rewards(self, completions, items):
-        return torch.tensor([(sum(map(ord, c)) % 7) / 7 for c in completions])
+    cfg = SimpleNamespace(group_size=2)
+
+    def prompt(self, item):
+        return item["prompt"]
+
+    def score(self, completions, items):
+        r = torch.tensor([(sum(map(ord, c)) % 7) / 7 for c in completions])
+        return r, {"text": r}
 
 
-def _objective_rollout(bundle, G=2, steps=4):
-    fwd, ids, mask, attn, out, rec, _ = _rollout(bundle, steps=steps)
-    tok, eos = bundle.tokenizer, bundle.eos_token_id
-    texts = decode_completions(tok, out.completion, eos)
-    rewards = TextTask().rewards(texts, None)
-    from diffusion_rl.sampling.sampler import completion_mask
+ITEMS = [{"prompt": "1203="}, {"prompt": "0000000="}]  # different lengths: left padding is exercised
 
-    def make():
-        return Rollout(0, G, ids, mask, out.completion, completion_mask(out.completion, eos), rewards,
-                       group_advantages(rewards, G), extras={"items": [{}] * len(texts), "texts": texts,
-                                                             "tokenizer": tok, "eos_token_id": eos})
-    return make, rec
+
+def _rollout_of(bundle, objective, advantage: str, steps=4, **adv_kw):
+    cls = ADVANTAGES.get(advantage)
+    sampler = SamplerConfig(gen_length=8, block_length=4, steps=steps, temperature=0.9)
+    engine = RolloutEngine(bundle, TextTask(), objective, cls(cls.config_class(**adv_kw)), sampler, seed=1)
+    return engine(ITEMS, bundle.net, rollout_id=0)
 
 
 def _ctx(bundle, ro):
@@ -333,73 +312,68 @@ def _ctx(bundle, ro):
     return StepContext(ro, 0, 0, f, f, None)
 
 
+def _grads(bundle, obj, ro, mu):
+    ctx, out = _ctx(bundle, ro), []
+    for it in range(mu):
+        ctx.inner_iter = it
+        bundle.net.zero_grad()
+        loss, m = obj.loss(ctx)
+        loss.backward()  # at theta_old the loss is -mean(A) = 0; the gradient carries the signal
+        out.append(torch.cat([p.grad.flatten() for p in bundle.net.parameters() if p.grad is not None]))
+        assert m["ratio/log_max"].item() == 0 and m["ratio/log_min"].item() == 0  # theta == theta_old
+        assert m["egspo/slice_start"].item() == 2 * it
+        assert m["cost/forwards_per_sample"].item() == pytest.approx(4 / 2 + 2 + 2)
+    return torch.stack(out)
+
+
 def test_sa_with_lam_zero_equals_egspo_and_values_are_greedy_rewards(tiny_bundle):
-    make, rec = _objective_rollout(tiny_bundle)
     lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
-    losses = {}
-    for name, obj in [("egspo", EGSPO(EGSPOConfig(K=4, mu=2), lik)),
-                      ("sa0", EGSPOSA(EGSPOSAConfig(K=4, mu=2, lam=0.0), lik)),
-                      ("sa5", EGSPOSA(EGSPOSAConfig(K=4, mu=2, lam=0.5), lik))]:
-        ro = make()
-        metrics = obj.on_rollout(ro, rec, TextTask())
-        ctx = _ctx(tiny_bundle, ro)
-        out = []
-        for it in range(2):
-            ctx.inner_iter = it
-            tiny_bundle.net.zero_grad()
-            loss, m = obj.loss(ctx)
-            loss.backward()  # at theta_old the loss is -mean(A) = 0; the gradient carries the signal
-            out.append(torch.cat([p.grad.flatten() for p in tiny_bundle.net.parameters() if p.grad is not None]))
-            assert m["ratio/log_max"].item() == 0 and m["ratio/log_min"].item() == 0  # theta == theta_old
-            assert m["egspo/slice_start"].item() == 2 * it
-            assert m["cost/forwards_per_sample"].item() == pytest.approx(4 / 2 + 2 + 2)
-        losses[name] = (torch.stack(out), ro, metrics)
-    assert torch.equal(losses["egspo"][0], losses["sa0"][0])
-    assert losses["egspo"][0].abs().sum() > 0
-    assert not torch.allclose(losses["egspo"][0], losses["sa5"][0])  # the values do matter
+    egspo = EGSPO(EGSPOConfig(K=4, mu=2), lik)
+    sa = EGSPOSA(EGSPOSAConfig(K=4, mu=2), lik)
+    ro = _rollout_of(tiny_bundle, egspo, "group")
+    ro0 = _rollout_of(tiny_bundle, sa, "stepwise", lam=0.0, std_scale=False)
+    ro5 = _rollout_of(tiny_bundle, sa, "stepwise", lam=0.5)
+    assert torch.equal(ro.completion_ids, ro5.completion_ids)  # recording greedy completions changes nothing
+    g, g0, g5 = (_grads(tiny_bundle, o, r, 2) for o, r in ((egspo, ro), (sa, ro0), (sa, ro5)))
+    assert torch.equal(g, g0) and g.abs().sum() > 0
+    assert not torch.allclose(g, g5)  # the values do matter
     # V_s is the reward of the decoded greedy completion at the selected step
-    _, ro, metrics = losses["sa5"]
-    e = ro.extras["egspo"]
-    assert "time/score_greedy_s" in metrics
-    L = ro.completion_ids.shape[1]
+    traj, steps = ro5.trajectory, ro5.selected_steps
+    assert torch.equal(steps, SELECTORS.get("entropy")(traj.entropies, 4))
+    L = ro5.completion_ids.shape[1]
     V = torch.zeros(4, 4)
     for b in range(4):
         for k in range(4):
-            g = rec.greedy_completion(int(e["steps"][b, k]))[b : b + 1, -L:]
-            V[b, k] = TextTask().rewards(decode_completions(tiny_bundle.tokenizer, g, ro.extras["eos_token_id"]), None)[0]
-    want = stepwise_advantages(stepwise_returns(ro.rewards, V, 0.5, True), 2)
-    assert torch.allclose(e["advantages"], want)
-    assert torch.equal(e["steps"], SELECTORS.get("entropy")(rec.entropies, 4))
+            comp = traj.greedy_completion(int(steps[b, k]))[b : b + 1, -L:]
+            V[b, k] = TextTask().score(decode_completions(tiny_bundle.tokenizer, comp, tiny_bundle.eos_token_id), [])[0][0]
+    want, _ = StepwiseAdvantage(StepwiseConfig(lam=0.5))(ro5.rewards, 2, V)
+    assert torch.allclose(ro5.advantages, want)
+    assert "time/score_s" in ro5.metrics and "egspo_sa/value_mean" in ro5.metrics
 
 
 def test_old_logp_recorded_matches_recomputed_and_k_checked(tiny_bundle):
-    make, rec = _objective_rollout(tiny_bundle)
     lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
     res = {}
     for mode in ("recompute", "recorded"):
         obj = EGSPO(EGSPOConfig(K=4, mu=1, old_logp=mode, reduce="mean"), lik)
-        ro = make()
-        obj.on_rollout(ro, rec, TextTask())
-        res[mode] = obj.loss(_ctx(tiny_bundle, ro))
+        res[mode] = obj.loss(_ctx(tiny_bundle, _rollout_of(tiny_bundle, obj, "group")))
     assert res["recorded"][0].item() == pytest.approx(res["recompute"][0].item(), abs=1e-5)
     assert abs(res["recorded"][1]["ratio/log_max"].item()) < 1e-4
     assert res["recorded"][1]["cost/old_forwards_per_sample"].item() == 0
     assert res["recompute"][1]["cost/old_forwards_per_sample"].item() == 4
     with pytest.raises(ConfigError, match="objective.K"):
-        EGSPO(EGSPOConfig(K=8), lik).on_rollout(make(), rec, TextTask())
+        _rollout_of(tiny_bundle, EGSPO(EGSPOConfig(K=8), lik), "group")
 
 
 @pytest.mark.parametrize("select", ["random", "uniform"])
-def test_stop_at_last_content_in_on_rollout(tiny_bundle, select):
-    make, rec = _objective_rollout(tiny_bundle, steps=8)
+def test_stop_at_last_content_in_step_selection(tiny_bundle, select):
     lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
     obj = EGSPOSA(EGSPOSAConfig(K=3, mu=1, select=select, stop_at_last_content=True), lik)
-    ro = make()
-    obj.on_rollout(ro, rec, TextTask())
-    e = ro.extras["egspo"]
-    last = steps_up_to(EGSPO._last_content_step(ro, rec), 8).long().cumsum(-1).argmax(-1)  # (N,)
+    ro = _rollout_of(tiny_bundle, obj, "stepwise", steps=8)
+    last = last_content_step(ro.trajectory, ro.completion_ids, ro.completion_mask, tiny_bundle.eos_token_id)
+    last = steps_up_to(last, 8).long().cumsum(-1).argmax(-1)  # (N,)
     for b in range(4):
-        chosen = e["steps"][b][e["valid"][b]]
+        chosen = ro.selected_steps[b][ro.selected_steps[b] >= 0]
         assert chosen.max() == last[b] and (chosen <= last[b]).all()
     loss, _ = obj.loss(_ctx(tiny_bundle, ro))
     assert torch.isfinite(loss)

@@ -1,6 +1,6 @@
 """Each injected fault (conf/fault/): the run finishes, counts what happened, and its weights are sane.
 
-A spy wraps the module's ``_inner_update`` to record, per update, whether it was skipped and whether
+A spy wraps the module's ``inner_update`` to record, per update, whether it was skipped and whether
 the weights and Adam's step counts moved. The ``raise`` and ``kill`` faults are covered by
 tests/test_resume.py (the run stops, then resumes exactly).
 """
@@ -39,23 +39,23 @@ def spy(monkeypatch):
     def make(*args, **kwargs):
         m = real(*args, **kwargs)
         rec["module"], rec["start"] = m, snapshot(m.policy)
-        inner_update, rollout = m._inner_update, m.rollout
+        inner_update, rollout = m.inner_update, m.rollout
 
         def adam_steps():
             return sum(float(s["step"]) for s in m.optimizers().optimizer.state.values())
 
-        def recorded_update(ctx, extra):
+        def recorded_update(ctx, inner_iter):
             before, skips, steps = snapshot(m.policy), m.skipped_updates, adam_steps()
-            inner_update(ctx, extra)
+            inner_update(ctx, inner_iter)
             rec["updates"].append({"skipped": m.skipped_updates > skips, "weights_same": same(before, snapshot(m.policy)),
                                    "adam_same": adam_steps() == steps})
 
         def recorded_rollout(items):
-            ro, metrics = rollout(items)
+            ro = rollout(items)
             rec["rewards"].append(ro.rewards.clone())
-            return ro, metrics
+            return ro
 
-        m._inner_update, m.rollout = recorded_update, recorded_rollout
+        m.inner_update, m.rollout = recorded_update, recorded_rollout
         return m
 
     monkeypatch.setattr(train_mod, "DiffusionRLModule", make)

@@ -257,7 +257,7 @@ def test_lora_reference_is_the_base_model_without_a_copy(tmp_path, hf_path):
     from diffusion_rl.models.adapters import reference_logits_fn
     from diffusion_rl.training.module import DiffusionRLModule
 
-    m = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, 0, old_policy="cached")
+    m = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0, old_policy="cached")
     assert m.ref_policy is None and m.old_policy is None  # one model in memory
     for name, p in m.policy.named_parameters():
         if "lora_B" in name:
@@ -296,12 +296,13 @@ def test_cached_old_policy_gives_the_same_losses_as_a_copy(tmp_path, objective):
 
 
 def test_old_policy_value_is_checked(tmp_path):
-    cfg = compose_cfg(["old_policy=frozen"], tmp_path)
-    c = build(cfg)
+    with pytest.raises(ConfigError, match="old_policy='frozen'"):
+        build(compose_cfg(["old_policy=frozen"], tmp_path))
+    c = build(compose_cfg([], tmp_path))
     from diffusion_rl.training.module import DiffusionRLModule
 
     with pytest.raises(ConfigError, match="old_policy='frozen'"):
-        DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, 0, old_policy="frozen")
+        DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0, old_policy="frozen")
 
 
 # ---- strategies ----------------------------------------------------------------------------------
@@ -336,11 +337,15 @@ def test_rollout_batch_size_splits_generation_without_changing_the_first_call(tm
     for size in (0, 4):
         cfg = compose_cfg([f"sampler.rollout_batch_size={size}"], tmp_path)
         c = build(cfg)
-        m = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, 0)
+        m = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0)
         ids = torch.randint(10, 20, (8, 5), generator=torch.Generator().manual_seed(0))
-        outs[size] = m._generate(ids, torch.ones_like(ids), 0, None)
-        first = m._generate(ids[:4], torch.ones_like(ids[:4]), 0, None)
-        second = m._generate(ids[4:], torch.ones_like(ids[4:]), 4, None)  # a second process's rows
+
+        def gen(m, x, offset):
+            return m.rollouts._generate(m.policy, x, torch.ones_like(x), offset, 0, None)[0]
+
+        outs[size] = gen(m, ids, 0)
+        first = gen(m, ids[:4], 0)
+        second = gen(m, ids[4:], 4)  # a second process's rows
     assert torch.equal(outs[4], torch.cat([first, second]))
     assert not torch.equal(outs[0], outs[4])
 

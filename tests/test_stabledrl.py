@@ -15,17 +15,16 @@ from diffusion_rl.likelihood.elbo import (
     sample_seeds,
 )
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.objectives.base import Rollout, StepContext
+from diffusion_rl.objectives.base import StepContext, agg_loss, kl_penalty
 from diffusion_rl.objectives.stabledrl import (
     StableDRL,
     StableDRLConfig,
     clip_bounds,
     group_weights,
-    masked_token_kl,
     stabledrl_loss,
 )
 
-from .helpers import compose_cfg
+from .helpers import compose_cfg, rollout_of
 
 SEEDS = [11, 22, 33, 44, 55, 66, 77, 88]
 
@@ -51,7 +50,13 @@ def make_rollout(bundle, G=4, groups=2, L=10, seed=0):
     prompt, pmask, comp, cmask = make_batch(bundle, n=G * groups, L=L, seed=seed)
     rewards = torch.arange(G * groups, dtype=torch.float) % 3
     adv = rewards.view(groups, G) - rewards.view(groups, G).mean(-1, keepdim=True)
-    return Rollout(7, G, prompt, pmask, comp, cmask, rewards, adv.reshape(-1))
+    return rollout_of(prompt, pmask, comp, cmask, rewards, adv.reshape(-1), G)
+
+
+def sdrl_loss(elbo, old, adv, G, eps, clip="paper", normalize="self"):
+    """stabledrl_loss on per-sequence tensors (B,), as one unit per sequence (B, 1)."""
+    cfg = StableDRLConfig(eps=eps, clip=clip, normalize=normalize)
+    return stabledrl_loss(elbo[:, None], old[:, None], adv[:, None], torch.ones_like(old)[:, None], cfg, group_size=G)
 
 
 # ---------------------------------------------------------------- ELBO estimator
@@ -201,7 +206,7 @@ def test_paper_and_cap_weights_hand_computed():
     assert torch.allclose(wn.sum(-1), torch.ones(1))
     # metrics: one of four clipped high (paper, eps=0.2), one low
     lr = torch.tensor([math.log(10.0), 0.0, 0.0, math.log(0.5)])
-    _, m = stabledrl_loss(lr.clone(), torch.zeros(4), torch.ones(4), 4, 0.2, "paper")
+    _, m = sdrl_loss(lr.clone(), torch.zeros(4), torch.ones(4), 4, 0.2, "paper")
     assert m["ratio/clip_frac_high"].item() == 0.25 and m["ratio/clip_frac_low"].item() == 0.25
     assert m["ratio/log_max"].item() == pytest.approx(math.log(10.0))
     assert m["weights/ess"].item() == pytest.approx(1 / (expected**2).sum().item(), rel=1e-5)
@@ -244,7 +249,7 @@ def test_gradient_equals_formula():
     for clip, normalize in (("paper", "self"), ("cap", "self"), ("paper", "group_size"), ("none", "self")):
         theta.grad = None
         elbo = feats @ theta  # (B,) ELBO_j = <f_j, theta>
-        loss, _ = stabledrl_loss(elbo, old, adv, G, 0.5, clip, normalize)
+        loss, _ = sdrl_loss(elbo, old, adv, G, 0.5, clip, normalize)
         loss.backward()
         w, _ = group_weights(elbo.detach() - old, G, 0.5, clip, normalize)
         w = w.reshape(-1)
@@ -267,7 +272,7 @@ def test_finite_for_extreme_log_ratios(dtype):
         for normalize in ("self", "group_size"):
             elbo = (torch.full((8,), -30.0) + lr).to(dtype).requires_grad_(True)
             old = torch.full((8,), -30.0).to(dtype)
-            loss, m = stabledrl_loss(elbo, old, adv.to(dtype), 4, 5.0, clip, normalize)
+            loss, m = sdrl_loss(elbo, old, adv.to(dtype), 4, 5.0, clip, normalize)
             loss.backward()
             assert loss.dtype == torch.float32
             assert torch.isfinite(loss), (clip, normalize)
@@ -281,6 +286,12 @@ def test_finite_for_extreme_log_ratios(dtype):
 def _ctx(bundle, policy_net, old_net, ro, inner_iter=0, ref_net=None):
     ref = None if ref_net is None else logits_fn(ref_net)
     return StepContext(ro, inner_iter, 3, logits_fn(policy_net), logits_fn(old_net), ref)
+
+
+def masked_token_kl(logp, ref, masked):
+    """The anchor StableDRL adds: k3 per masked token, mean per Monte Carlo sample, then over samples
+    and sequences. (K, B, L) inputs, as the ELBO gives them."""
+    return agg_loss(kl_penalty(logp.transpose(0, 1), ref.transpose(0, 1)), masked.transpose(0, 1))
 
 
 def test_masked_token_kl_hand_computed():
@@ -298,7 +309,7 @@ def test_kl_anchor_adds_beta_times_masked_token_kl(tiny_bundle):
     net = tiny_bundle.net
     old = copy.deepcopy(net).requires_grad_(False).eval()
     est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
-    plain, _ = StableDRL(StableDRLConfig(), est).loss(_ctx(tiny_bundle, net, old, ro))
+    plain, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
     # reference = the policy itself: KL exactly 0, loss unchanged
     anchored, m = StableDRL(StableDRLConfig(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=old))
     assert m["train/kl"].item() == 0.0 and anchored.item() == pytest.approx(plain.item(), abs=1e-7)
@@ -314,7 +325,7 @@ def test_kl_anchor_adds_beta_times_masked_token_kl(tiny_bundle):
     seeds = mask_seeds(3, ro.rollout_id, ro.completion_ids.shape[0], 0)
     with torch.no_grad():
         s, r = est.sample(logits_fn(net), *data, seeds), est.sample(logits_fn(ref), *data, seeds)
-    kl = masked_token_kl(s.token_logps, r.token_logps, s.masked).mean()
+    kl = masked_token_kl(s.token_logps, r.token_logps, s.masked)
     assert kl.item() > 0 and m["train/kl"].item() == pytest.approx(kl.item(), rel=1e-5)
     assert anchored.item() == pytest.approx(plain.item() + 0.5 * kl.item(), rel=1e-5, abs=1e-6)
     anchored.backward()
@@ -325,8 +336,8 @@ def test_theta_equals_old_with_shared_masks_gives_zero_ratio_and_uniform_weights
     ro = make_rollout(tiny_bundle)
     net = tiny_bundle.net
     old = copy.deepcopy(net).requires_grad_(False).eval()
-    est = ELBOEstimator(ELBOConfig(num_samples=2), tiny_bundle.mask_token_id)
-    obj = StableDRL(StableDRLConfig(), est)
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="inverse_t", t_min=1e-3), tiny_bundle.mask_token_id)
+    obj = StableDRL(StableDRLConfig(beta=0.0), est)
     for it in range(2):
         loss, m = obj.loss(_ctx(tiny_bundle, net, old, ro, it))
         assert m["ratio/log_min"].item() == 0.0 and m["ratio/log_max"].item() == 0.0
@@ -336,7 +347,7 @@ def test_theta_equals_old_with_shared_masks_gives_zero_ratio_and_uniform_weights
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
         net.zero_grad()
     # independent masks (the public code's regime): nonzero log-ratio at theta = theta_old
-    obj = StableDRL(StableDRLConfig(share_masks_with_old=False), est)
+    obj = StableDRL(StableDRLConfig(share_masks_with_old=False, beta=0.0), est)
     _, m = obj.loss(_ctx(tiny_bundle, net, old, ro))
     assert m["ratio/log_std"].item() > 0 and m["ratio/log_max"].item() > m["ratio/log_min"].item()
 
@@ -346,13 +357,13 @@ def test_spg_mix_surrogate_changes_only_nonpositive_advantages(tiny_bundle):
     net = tiny_bundle.net
     old = copy.deepcopy(net).requires_grad_(False).eval()
     est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
-    loss_e, _ = StableDRL(StableDRLConfig(), est).loss(_ctx(tiny_bundle, net, old, ro))
-    loss_m, m = StableDRL(StableDRLConfig(surrogate="spg_mix"), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_e, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_m, m = StableDRL(StableDRLConfig(surrogate="spg_mix", beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
     assert torch.isfinite(loss_m) and loss_m.item() != pytest.approx(loss_e.item())
     assert m["ratio/log_max"].item() == 0.0  # weights still come from the ELBO ratio
     ro.advantages = ro.advantages.abs() + 0.1  # every A > 0: both surrogates are the ELBO
-    loss_e, _ = StableDRL(StableDRLConfig(), est).loss(_ctx(tiny_bundle, net, old, ro))
-    loss_m, _ = StableDRL(StableDRLConfig(surrogate="spg_mix"), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_e, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_m, _ = StableDRL(StableDRLConfig(surrogate="spg_mix", beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
     assert loss_m.item() == pytest.approx(loss_e.item(), rel=1e-6)
 
 

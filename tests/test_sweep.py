@@ -44,7 +44,7 @@ def test_ablation_arms_compose_and_build(tmp_path, arm, objective, expected):
     assert c.objective.likelihood.cfg.name == "elbo"  # every arm uses ELBO ratios
     # the paper's regime, whatever the objective and likelihood defaults say
     assert (c.objective.likelihood.cfg.weighting, c.objective.likelihood.cfg.t_min) == ("inverse_t", 0.001)
-    assert (c.objective.cfg.beta, c.objective.cfg.scale_rewards) == (0.0, "none")
+    assert (c.objective.cfg.beta, c.advantage.cfg.name) == (0.0, "group")
     for k, v in expected.items():
         assert getattr(c.objective.cfg, k) == v, k
 

@@ -53,7 +53,7 @@ def test_nonfinite_loss_skips_update_and_keeps_weights(tmp_path):
     from diffusion_rl.tasks import TaskDataModule
     from diffusion_rl.training.module import DiffusionRLModule
 
-    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, 0)
+    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0)
 
     class NaNObjective(type(c.objective)):
         def loss(self, ctx):

@@ -36,6 +36,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         raise ConfigError(key, value, " or ".join(errors))
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return from_dict(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -70,17 +72,23 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 
 
 def from_dict(cls: type[T], data: Any, prefix: str) -> T:
-    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types raise :class:`ConfigError`."""
-    if hasattr(data, "items"):
+    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types raise :class:`ConfigError`.
+
+    ``prefix`` is the config path of the mapping (``"objective"``; ``""`` for root keys); nested
+    dataclass fields are built the same way.
+    """
+    data = _plain(data)
+    if isinstance(data, dict):
         data = {str(k): v for k, v in data.items()}
     else:
-        raise ConfigError(prefix, data, "must be a mapping")
+        raise ConfigError(prefix or "config", data, "must be a mapping")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    key = (lambda k: f"{prefix}.{k}") if prefix else (lambda k: k)
     unknown = sorted(set(data) - set(fields) - {"_target_"})
     if unknown:
-        raise ConfigError(f"{prefix}.{unknown[0]}", data[unknown[0]], f"unknown key; allowed: {', '.join(sorted(fields))}")
-    kwargs = {k: _coerce(f"{prefix}.{k}", _plain(v), hints[k]) for k, v in data.items() if k in fields}
+        raise ConfigError(key(unknown[0]), data[unknown[0]], f"unknown key; allowed: {', '.join(sorted(fields))}")
+    kwargs = {k: _coerce(key(k), _plain(v), hints[k]) for k, v in data.items() if k in fields}
     obj = cls(**kwargs)
     if hasattr(obj, "validate"):
         obj.validate()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import Task
-from diffusion_rl.train import EvalConfig, build_task
+from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config
 from diffusion_rl.training.checkpoint import checkpoint_file
 from diffusion_rl.training.evaluation import generate_texts
 
@@ -69,6 +69,23 @@ class EvalProtocolConfig(EvalConfig):
             raise ConfigError("eval.steps_per_token", self.steps_per_token, "must be in (0, 1]")
         if self.batch_size < 1:
             raise ConfigError("eval.batch_size", self.batch_size, "must be >= 1")
+
+
+@dataclass
+class EvalRunConfig(RunConfig):
+    """The root keys of conf/eval.yaml: the training run's, the protocol, and what to evaluate."""
+
+    eval: EvalProtocolConfig = field(default_factory=EvalProtocolConfig)
+    mode: str = "generate"  # generate | score (re-score `generations` without a model)
+    policy: str = "model"  # model (ckpt_path, or the freshly built model) | reference (gold answers: must score 100%)
+    generations: str | None = None  # mode=score: a generations.jsonl written by src/eval.py
+
+    def validate(self) -> None:
+        super().validate()
+        if self.mode not in MODES:
+            raise ConfigError("mode", self.mode, f"allowed: {', '.join(MODES)}")
+        if self.policy not in POLICIES:
+            raise ConfigError("policy", self.policy, f"allowed: {', '.join(POLICIES)}")
 
 
 def gen_lengths(ev: EvalProtocolConfig, task: Task, sampler: SamplerConfig) -> list[int]:
@@ -210,22 +227,14 @@ def _summary(task: Task, by_length: dict[int, dict[str, float]], **info: Any) ->
 
 
 # ---- entry points -------------------------------------------------------------------------------
-def _mode_and_policy(cfg: DictConfig) -> tuple[str, str]:
-    mode, policy = cfg.get("mode", "generate"), cfg.get("policy", "model")
-    if mode not in MODES:
-        raise ConfigError("mode", mode, f"allowed: {', '.join(MODES)}")
-    if policy not in POLICIES:
-        raise ConfigError("policy", policy, f"allowed: {', '.join(POLICIES)}")
-    return mode, policy
-
-
 def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Generate with ``policy`` at every protocol length, score, and write the outputs."""
     run_dir = Path(run_dir)
-    _, policy = _mode_and_policy(cfg)
+    run = run_config(cfg, EvalRunConfig)
+    assert isinstance(run, EvalRunConfig)
+    policy, ev = run.policy, run.eval
     task = build_task(cfg.task)
     sampler = from_dict(SamplerConfig, cfg.sampler, "sampler")
-    ev = from_dict(EvalProtocolConfig, cfg.eval, "eval")
     lengths = gen_lengths(ev, task, sampler)
     for length in lengths:
         protocol_sampler(sampler, length, ev)  # a bad length fails before any model is built
@@ -281,5 +290,6 @@ def rescore_generations(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
 
 def run_eval(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """``mode=generate`` (default) or ``mode=score``."""
-    mode, _ = _mode_and_policy(cfg)
-    return rescore_generations(cfg, run_dir) if mode == "score" else evaluate_checkpoint(cfg, run_dir)
+    run = run_config(cfg, EvalRunConfig)
+    assert isinstance(run, EvalRunConfig)
+    return rescore_generations(cfg, run_dir) if run.mode == "score" else evaluate_checkpoint(cfg, run_dir)

@@ -6,6 +6,7 @@ with a composed config. Returns the summary dict (also written to ``<run_dir>/su
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from diffusion_rl.advantages import ADVANTAGES, AdvantageEstimator
 from diffusion_rl.config import from_dict
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
@@ -65,9 +67,41 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    before: bool = True
-    after: bool = True
+    before: bool = True  # held-out metrics of the warm start
+    after: bool = True  # and of the trained policy
     batch_size: int = 256
+
+
+@dataclass
+class PathsConfig:
+    cache_dir: str = "outputs/cache"  # warm-start checkpoints, keyed by config; relative to the launch folder
+
+
+OLD_POLICIES = ("copy", "cached")
+
+
+@dataclass
+class RunConfig:
+    """The root keys of ``conf/config.yaml`` (the config groups have their own dataclasses)."""
+
+    seed: int = 0
+    # behaviour policy: copy (a frozen copy) | cached (old values taken at rollout time, no copy)
+    old_policy: str = "copy"
+    ckpt_path: str | None = None  # resume: last | a run folder | a checkpoint file
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # stands in for the papers' SFT
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> None:
+        if self.old_policy not in OLD_POLICIES:
+            raise ConfigError("old_policy", self.old_policy, f"allowed: {', '.join(OLD_POLICIES)}")
+
+
+def run_config(cfg: DictConfig, cls: type[RunConfig] = RunConfig) -> RunConfig:
+    """The root keys of a composed config as ``cls`` (validated); the config groups are left out."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return from_dict(cls, {k: v for k, v in cfg.items() if k in names}, "")
 
 
 @dataclass
@@ -75,12 +109,11 @@ class Components:
     task: Task
     bundle: PolicyBundle
     objective: Objective
+    advantage: AdvantageEstimator
     sampler: SamplerConfig
     optim: OptimConfig
     trainer: TrainerConfig
-    warmstart: WarmStartConfig
-    diagnostics: DiagnosticsConfig
-    eval: EvalConfig
+    run: RunConfig
 
 
 def build_task(task_cfg: Any) -> Task:
@@ -96,12 +129,12 @@ def build(cfg: DictConfig) -> Components:
     lik_cfg = from_dict(lik_cls.config_class, cfg.likelihood, "likelihood")
     obj_cls = OBJECTIVES.get(cfg.objective.name)
     obj_cfg = from_dict(obj_cls.config_class, cfg.objective, "objective")
+    adv_cls = ADVANTAGES.get(cfg.advantage.name)
+    advantage = adv_cls(from_dict(adv_cls.config_class, cfg.advantage, "advantage"))
     sampler = from_dict(SamplerConfig, cfg.sampler, "sampler")
     optim = from_dict(OptimConfig, cfg.optim, "optim")
     trainer = from_dict(TrainerConfig, cfg.trainer, "trainer")
-    ws = from_dict(WarmStartConfig, cfg.warmstart, "warmstart")
-    diag = from_dict(DiagnosticsConfig, cfg.diagnostics, "diagnostics")
-    ev = from_dict(EvalConfig, cfg.eval, "eval")
+    run = run_config(cfg)
     bundle = build_policy(model_cfg)
     task.use_tokenizer(bundle.tokenizer)  # chat prompts use the model's chat template
     likelihood = lik_cls(lik_cfg, bundle.mask_token_id)
@@ -109,14 +142,15 @@ def build(cfg: DictConfig) -> Components:
     if bundle.block_size > 0:
         check_block_sampler(sampler, bundle.block_size)
     objective = obj_cls(obj_cfg, likelihood)
-    return Components(task, bundle, objective, sampler, optim, trainer, ws, diag, ev)
+    objective.check_advantage(advantage.cfg.name)
+    return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    L.seed_everything(run_config(cfg).seed, workers=True, verbose=False)  # a bad root value fails here
     c = build(cfg)
     fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
     # ckpt_path=last | a run folder | a file; a missing or corrupt one stops here, before any work
@@ -127,21 +161,21 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                           if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")},
                  "seed": cfg.seed}
     provenance = None
-    if c.warmstart.enabled:
-        provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.warmstart, key_parts,
+    if c.run.warmstart.enabled:
+        provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, key_parts,
                                 cfg.paths.cache_dir, progress)
     datamodule = TaskDataModule(c.task)
     datamodule.setup()
     test_items = datamodule.test_items()
     summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance,
                                "config": OmegaConf.to_container(cfg, resolve=True)}
-    if c.eval.before:
-        summary["before"], _ = evaluate(c.bundle, c.task, test_items, c.sampler, c.eval.batch_size,
+    if c.run.eval.before:
+        summary["before"], _ = evaluate(c.bundle, c.task, test_items, c.sampler, c.run.eval.batch_size,
                                         "evaluating before RL" if progress else None)
-    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.sampler, c.optim, cfg.seed,
-                               old_policy=cfg.get("old_policy", "copy"))
+    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
+                               old_policy=c.run.old_policy)
     module.warm_start = provenance
-    diagnostics = DiagnosticsCallback(c.diagnostics, run_dir)
+    diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
     loggers = make_loggers(cfg, run_dir)
     if ckpt is not None:  # resuming in this folder: keep the metric rows up to the checkpoint
         continue_csv_log(loggers, ckpt.global_step)
@@ -162,10 +196,10 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if not trainer.is_global_zero:  # data parallel: the first process evaluates and writes the summary
         return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step)}
     sharded = "FSDP" in type(trainer.strategy).__name__  # the policy's weights are sharded over processes
-    if sharded and c.eval.after:
+    if sharded and c.run.eval.after:
         log.warning("eval.after is skipped under FSDP: evaluate the saved checkpoint with src/eval.py")
-    if c.eval.after and not sharded:
-        summary["after"], records = evaluate(c.bundle, c.task, test_items, c.sampler, c.eval.batch_size,
+    if c.run.eval.after and not sharded:
+        summary["after"], records = evaluate(c.bundle, c.task, test_items, c.sampler, c.run.eval.batch_size,
                                              "evaluating after RL" if progress else None)
         with open(run_dir / "eval_generations.jsonl", "w") as f:
             for r in records:
@@ -200,4 +234,4 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["train", "build", "format_summary", "Components", "TrainerConfig", "EvalConfig"]
+__all__ = ["train", "build", "format_summary", "Components", "TrainerConfig", "EvalConfig", "RunConfig"]

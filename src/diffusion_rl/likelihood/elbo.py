@@ -62,9 +62,14 @@ class MonteCarloConfig(LikelihoodConfig):
 
     p_mask_prompt: float = 0.0  # the reference code uses 0.15; 0 conditions on the whole prompt
     num_samples: int = 2  # K Monte Carlo samples, one batched forward
-    t_min: float = 1e-3  # LLaDA's eps: keeps 1/t bounded
+    # masking rates t ~ U(t_min, t_max). LLaDA's ELBO uses t_min = 0.001 (it keeps 1/t bounded); 0.5
+    # keeps every copy at least half masked: lower variance, no longer LLaDA's bound. On the embedded
+    # Sudoku model (seed 0) StableDRL gained +2.5 points with it, +0.6 with t ~ U(0.001, 1)
+    t_min: float = 0.5
     t_max: float = 1.0
-    weighting: str = "inverse_t"  # "inverse_t" (1/t_k) or "mean" (1/|masked|)
+    # "inverse_t" (1/t_k, LLaDA's ELBO) or "mean" (1/|masked|, the StableDRL / SPG code): the 1/t
+    # weights were the main noise source of the CPU runs
+    weighting: str = "mean"
     score_after_eos: bool = False  # score tokens after the first EOS too (LLaDA) instead of masking them
 
     def validate(self) -> None:

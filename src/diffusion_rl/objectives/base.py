@@ -1,13 +1,27 @@
-"""What every objective shares: the config, group-relative advantages, the step context, k3 KL.
+"""What every objective shares: the rollout it reads, one policy-loss signature, the step context and
+the helpers every loss uses (``kl_penalty``, ``agg_loss``, ``ratio_metrics``; verl's ``core_algos``).
 
-An objective turns one rollout batch into a scalar loss for one inner update. It asks its likelihood
-estimator for ``log pi_theta`` (with gradients) and ``log pi_ref`` (without), gets ``log pi_old``
-from :meth:`Objective.behaviour`, then calls a pure tensor loss function on the rows of all
-processes (``rollout.shard.gather``). Objectives know nothing of Lightning.
+An objective turns one rollout batch into a scalar loss for one inner update, in three parts:
 
-The behaviour policy's values come from :meth:`Objective.old_values`, which the module either calls
-during each inner update with a frozen copy of the policy (``old_policy=copy``) or calls for every
-inner iteration right after the rollout, while the policy still *is* the behaviour policy
+1. :meth:`Objective.score` asks the likelihood estimator for ``log pi`` *units* of the rollout's
+   samples under one policy: ``(n, U)`` with a mask of the units that count (``U`` = completion
+   tokens for d1's one-step estimator, 1 for a sequence ELBO, the selected denoising steps for EGSPO);
+2. the objective's **policy loss**, a pure function of tensors with one signature for every objective::
+
+       loss_fn(logp, old_logp, advantages, mask, cfg, *, group_size, surrogate=None) -> (loss, metrics)
+
+   ``logp`` (B, U) with gradients, ``old_logp`` (B, U) of the behaviour policy, ``advantages`` (B, U)
+   or (B, 1), ``mask`` (B, U), ``cfg`` the objective's config, ``group_size`` G (rows ``g*G..g*G+G-1``
+   share a prompt), ``surrogate`` (B, U) a term that carries the gradient in place of ``logp`` (only
+   StableDRL's ``spg_mix`` passes one; the others ignore it);
+3. the shared KL penalty ``beta * agg_loss(kl_penalty(logp_units, ref_units), mask, kl_agg)`` to the
+   reference policy (the warm start), on the units :meth:`score` gives for it.
+
+Every tensor the loss sees is gathered from all processes (``rollout.shard.gather``), so the loss is
+the global batch's on every process (``diffusion_rl/distributed.py``). Objectives know nothing of
+Lightning. The behaviour policy's values come from :meth:`Objective.old_values`, which the module
+either calls during each inner update with a frozen copy of the policy (``old_policy=copy``) or for
+every inner iteration right after the rollout, while the policy still *is* the behaviour policy
 (``old_policy=cached``: no second model); :meth:`Objective.behaviour` reads whichever applies.
 """
 
@@ -16,50 +30,78 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from diffusion_rl.distributed import Shard
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.registry import Registry
+from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
 
-Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+Forward = Callable[..., torch.Tensor]  # (ids, attention_mask[, position_ids]) -> logits (B, T, V)
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 @dataclass
 class ObjectiveConfig:
     name: str = "grpo"
-    mu: int = 4  # inner updates per rollout batch
-    beta: float = 0.0  # weight of the k3 KL to the reference policy (0: no reference model)
-    scale_rewards: str = "none"  # "group": divide advantages by the group's std + 1e-4
+    # inner updates per rollout batch (d1: up to 12, StableDRL: 2); on the embedded Sudoku job one
+    # update per rollout did at least as well as 2-4
+    mu: int = 1
+    # weight of the k3 KL to the reference policy, the warm start (d1: 0.04; 0 holds no reference
+    # model). The Sudoku reward ignores the given cells: without this anchor their copying drifts
+    beta: float = 0.04
 
     def validate(self) -> None:
         if self.mu < 1:
             raise ConfigError("objective.mu", self.mu, "must be >= 1")
         if self.beta < 0:
             raise ConfigError("objective.beta", self.beta, "must be >= 0")
-        if self.scale_rewards not in ("none", "group"):
-            raise ConfigError("objective.scale_rewards", self.scale_rewards, "allowed: none, group")
 
 
 @dataclass
 class Rollout:
-    """One rollout batch; samples are prompt-major: rows ``g*G .. g*G+G-1`` share prompt ``g``."""
+    """One rollout batch as the objectives read it; made by :mod:`diffusion_rl.rollout`.
+
+    Samples are prompt-major: rows ``g*G .. g*G+G-1`` share prompt ``g``. The tensors hold this
+    process's rows (``shard``); ``all_rewards`` holds every process's.
+    """
 
     rollout_id: int
     group_size: int
-    prompt_ids: torch.Tensor  # (N, P)
-    prompt_mask: torch.Tensor  # (N, P)
-    completion_ids: torch.Tensor  # (N, L)
-    completion_mask: torch.Tensor  # (N, L) 1 up to and including the first EOS
-    rewards: torch.Tensor  # (N,)
-    advantages: torch.Tensor  # (N,)
-    extras: dict[str, Any] = field(default_factory=dict)  # e.g. the recorded trajectory
-    # this process's rows of the global batch (mask seeds use global row ids: shard.offset + j)
+    prompt_ids: torch.Tensor  # (n, P) left-padded
+    prompt_mask: torch.Tensor  # (n, P)
+    completion_ids: torch.Tensor  # (n, L)
+    completion_mask: torch.Tensor  # (n, L) 1 up to and including the first EOS
+    texts: list[str]  # decoded completions (up to the first EOS)
+    items: list[dict[str, Any]]  # the task item of each row
+    rewards: torch.Tensor  # (n,) composite reward
+    all_rewards: torch.Tensor  # (N,) composite reward of every process's rows
+    reward_components: dict[str, torch.Tensor]  # reward function name -> (n,) its unweighted values
+    advantages: torch.Tensor  # (n,) or (n, K) per selected step, from the advantage estimator
     shard: Shard = field(default_factory=Shard)
+    trajectory: TrajectoryRecorder | None = None  # the sampler's recorded steps (EGSPO)
+    selected_steps: torch.Tensor | None = None  # (n, K) steps an objective trains on, -1 = unused slot
+    metrics: dict[str, float] = field(default_factory=dict)  # logged with the first inner update
+
+
+@dataclass
+class Scores:
+    """Log-likelihood units of the rollout's samples under one policy (what :meth:`Objective.score` gives)."""
+
+    logp: torch.Tensor  # (n, U) units of the ratio (tokens, sequences or steps)
+    mask: torch.Tensor  # (n, U) 1 = a unit that counts
+    kl_logp: torch.Tensor | None = None  # (n, ..., M) units of the KL penalty; None: logp
+    kl_mask: torch.Tensor | None = None  # its mask; None: mask
+    surrogate: torch.Tensor | None = None  # (n, U) carries the gradient instead of logp (spg_mix)
+
+    def kl_units(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kl_logp is None:
+            return self.logp, self.mask
+        return self.kl_logp, self.mask if self.kl_mask is None else self.kl_mask
 
 
 @dataclass
@@ -76,21 +118,10 @@ class StepContext:
     old_values: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed old_values()
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
-    """``A_j = r_j - mean_G(r)``; ``scale="group"`` divides by the group's std + 1e-4.
-
-    The std is the unbiased one (``torch.std``), as d1 and TRL compute it. (N,) -> (N,)
-    """
-    r = rewards.float().view(-1, group_size)  # (N/G, G)
-    adv = r - r.mean(-1, keepdim=True)
-    if scale == "group":
-        adv = adv / (r.std(-1, keepdim=True) + 1e-4)
-    return adv.reshape(-1)
-
-
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """The k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` (>= 0, unbiased for KL(pi || ref))."""
-    d = ref_logp - logp
+# ---- shared loss helpers ----------------------------------------------------------------
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """The k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` per unit (>= 0, unbiased for KL(pi || ref))."""
+    d = ref_logp.detach() - logp
     return torch.exp(d) - d - 1
 
 
@@ -100,42 +131,93 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
 
 
-class Objective(ABC):
-    """Subclasses register with ``@OBJECTIVES.register(name)`` and set ``config_class``."""
+def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str = "seq-mean-token-mean") -> torch.Tensor:
+    """Reduce per-unit values ``(B, ..., U)`` to a scalar.
 
-    config_class: type[ObjectiveConfig] = ObjectiveConfig
-    needs_trajectory: bool = False  # ask the sampler to record per-step data (EGSPO)
+    ``token-mean``: mean over every unit that counts; ``seq-mean-token-mean``: mean over each row's
+    units (the last dimension), then over rows (d1, GRPO's ``1/|o|``); ``seq-mean-token-sum``: sum
+    over each row's units, mean over rows. Units outside ``mask`` never count, whatever they hold.
+    """
+    m = mask.to(values.dtype)
+    v = torch.where(mask.bool(), values, torch.zeros_like(values))
+    if mode == "token-mean":
+        return v.sum() / m.sum().clamp_min(1)
+    if mode == "seq-mean-token-mean":
+        return (v.sum(-1) / m.sum(-1).clamp_min(1)).mean()
+    if mode == "seq-mean-token-sum":
+        return v.sum(-1).mean()
+    raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGG_MODES)}")
+
+
+def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, clipped_low: torch.Tensor,
+                  clipped_high: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``ratio/log_mean|log_std|log_min|log_max`` over the units that count, and the fractions of
+    them clipped below / above (``ratio/clip_frac_low|high``). All (B, U); detached."""
+    with torch.no_grad():
+        m = mask.bool()
+        vals = log_ratio.detach()[m] if bool(m.any()) else log_ratio.new_zeros(1)
+        return {
+            "ratio/log_mean": vals.mean(),
+            "ratio/log_std": vals.std() if vals.numel() > 1 else vals.new_zeros(()),
+            "ratio/log_min": vals.min(),
+            "ratio/log_max": vals.max(),
+            "ratio/clip_frac_low": masked_mean(clipped_low.float(), mask.float()),
+            "ratio/clip_frac_high": masked_mean(clipped_high.float(), mask.float()),
+        }
+
+
+def as_units(advantages: torch.Tensor) -> torch.Tensor:
+    """Per-sample advantages (B,) as (B, 1), which broadcasts over a sample's units; (B, U) unchanged."""
+    return advantages[:, None] if advantages.dim() == 1 else advantages
+
+
+# ---- the objective ----------------------------------------------------------------------
+class Objective(ABC):
+    """Subclasses register with ``@OBJECTIVES.register(name)``, set ``config_class`` and
+    ``policy_loss`` (their pure loss function) and implement :meth:`score`."""
+
+    config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
+    policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
+    # advantage estimators (advantages.py) whose output this objective can use
+    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
+    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO)
+    kl_agg: ClassVar[str] = "seq-mean-token-mean"  # how the KL units reduce to the penalty
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):
         cfg.validate()
         self.cfg = cfg
         self.likelihood = likelihood
 
-    def make_recorder(self):
-        """A :class:`~diffusion_rl.sampling.StepRecorder` for the rollout, or None (the default)."""
-        return None
+    def check_advantage(self, name: str) -> None:
+        """Fail in one line when the configured advantage estimator does not fit this objective."""
+        if name not in self.advantages:
+            raise ConfigError("advantage.name", name,
+                              f"objective {self.cfg.name} takes one of: {', '.join(self.advantages)}")
 
-    def on_rollout(self, rollout: Rollout, recorder, task) -> dict[str, float]:
-        """Called once per rollout after rewards and advantages are set, with the recorder used.
+    # ---- rollout-time hooks (called by diffusion_rl.rollout) ----------------------------
+    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+                     completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
+                     run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(n, K)`` recorded denoising steps to train on (``-1``: unused slot) and metrics;
+        objectives with ``needs_trajectory`` implement it."""
+        raise NotImplementedError(f"objective {self.cfg.name} trains on no selected steps")
 
-        Objectives that need more than final rewards (EGSPO-SA scores greedy completions) put it
-        into ``rollout.extras`` here. Returns extra metrics to log.
+    # ---- per inner update ---------------------------------------------------------------
+    @abstractmethod
+    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+        """Log-likelihood units of the rollout's samples under ``forward`` for this inner update.
+
+        ``role`` is ``"policy"`` (with gradients), ``"old"`` (the behaviour policy) or ``"ref"``
+        (the reference), so an objective can pick each one's Monte Carlo masks and caches.
         """
-        return {}
 
-    def old_values(self, ctx: StepContext) -> Any:
-        """What inner update ``ctx.inner_iter`` needs from the behaviour policy ``ctx.old_policy``
-        (e.g. log-probs or ELBOs on that iteration's mask seeds); called without gradients.
+    def old_values(self, ctx: StepContext) -> torch.Tensor:
+        """What inner update ``ctx.inner_iter`` needs from the behaviour policy ``ctx.old_policy``:
+        its log-likelihood units, (n, U). Called without gradients."""
+        assert ctx.old_policy is not None
+        return self.score(ctx, ctx.old_policy, "old").logp
 
-        Objectives that implement it support ``old_policy=cached``.
-        """
-        raise NotImplementedError(f"objective {self.cfg.name} does not support old_policy=cached")
-
-    @classmethod
-    def supports_cached_old(cls) -> bool:
-        return cls.old_values is not Objective.old_values
-
-    def behaviour(self, ctx: StepContext) -> Any:
+    def behaviour(self, ctx: StepContext) -> torch.Tensor:
         """:meth:`old_values` for this inner update: precomputed at rollout time, or computed now."""
         if ctx.inner_iter in ctx.old_values:
             return ctx.old_values[ctx.inner_iter]
@@ -151,9 +233,31 @@ class Objective(ABC):
                 ctx.old_values[it] = self.old_values(ctx)
         ctx.inner_iter = 0
 
-    @abstractmethod
-    def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Scalar loss for one inner update and a dict of detached metrics (``/`` names).
+    def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
+        """The rollout's advantages as (n, 1) or per unit (n, U)."""
+        return as_units(ctx.rollout.advantages)
 
-        The loss is the one of the *global* batch (every process computes the same value from
-        gathered tensors); see :mod:`diffusion_rl.distributed` for how its gradient is averaged."""
+    def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
+        """Objective-specific metrics of this inner update (e.g. cost accounting)."""
+        return {}
+
+    def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Scalar loss of the *global* batch for one inner update and its detached metrics."""
+        ro, c = ctx.rollout, self.cfg
+        old = self.behaviour(ctx)
+        ref = None
+        if c.beta > 0 and ctx.ref_policy is not None:
+            with torch.no_grad():
+                ref = self.score(ctx, ctx.ref_policy, "ref")
+        s = self.score(ctx, ctx.policy, "policy")
+        g = ro.shard.gather  # every process's rows (identity on one process)
+        surrogate = None if s.surrogate is None else g(s.surrogate)
+        loss, metrics = self.policy_loss(g(s.logp), g(old), g(self.unit_advantages(ctx)), g(s.mask), c,
+                                         group_size=ro.group_size, surrogate=surrogate)
+        if ref is not None:
+            units, mask = s.kl_units()
+            kl = agg_loss(g(kl_penalty(units, ref.kl_units()[0])), g(mask), self.kl_agg)
+            loss = loss + c.beta * kl
+            metrics["train/kl"] = kl.detach()
+        metrics.update(self.extra_metrics(ctx))
+        return loss, metrics

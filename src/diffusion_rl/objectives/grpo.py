@@ -1,12 +1,14 @@
 """GRPO with conditional clipping and fixed group normalisation (d1's diffu-GRPO; SPEC §4).
 
     rho = exp(logp_theta - logp_old)        per token (one-step estimator) or per sequence (ELBO)
-    loss_unit = -min(rho * A, clip(rho, 1 - eps, 1 + eps_high) * A) + beta * k3(ref, theta)
+    loss_unit = -min(rho * A, clip(rho, 1 - eps, 1 + eps_high) * A)
 
-averaged over each sequence's completion tokens, then over the batch (1/G per group). Source: d1
-(Zhao et al. 2025), ``diffu_grpo_trainer.py``. Deviation: mask seeds are per sample (see
-``likelihood/one_step.py``); the KL term is added only when ``beta > 0`` so no reference model is
-held otherwise.
+averaged over each sequence's completion tokens, then over the batch (1/G per group); the KL to the
+reference policy is added by :class:`~diffusion_rl.objectives.base.Objective` on the same units.
+Source: d1 (Zhao et al. 2025), ``diffu_grpo_trainer.py``. Deviations: mask seeds are per sample (see
+``likelihood/one_step.py``); the KL term is aggregated on its own (verl's form, d1 adds it per token
+before the mean: the same value), and computed only when ``beta > 0`` so no reference model is held
+otherwise.
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.objectives.base import (
     OBJECTIVES,
+    Forward,
     Objective,
     ObjectiveConfig,
+    Scores,
     StepContext,
-    k3_kl,
-    masked_mean,
+    agg_loss,
+    ratio_metrics,
 )
 
 
 @dataclass
 class GRPOConfig(ObjectiveConfig):
     name: str = "grpo"
-    eps: float = 0.5
+    eps: float = 0.5  # d1's clip range: rho in [1 - eps, 1 + eps_high]
     eps_high: float = 0.5
 
     def validate(self) -> None:
@@ -42,67 +46,35 @@ class GRPOConfig(ObjectiveConfig):
 
 
 def grpo_loss(
-    logp: torch.Tensor,  # (B, L) per token, or (B,) per sequence
-    old_logp: torch.Tensor,  # same shape, no grad
-    advantages: torch.Tensor,  # (B,)
-    mask: torch.Tensor,  # (B, L) completion mask (ignored for (B,) inputs)
-    eps: float,
-    eps_high: float,
-    ref_logp: torch.Tensor | None = None,
-    beta: float = 0.0,
+    logp: torch.Tensor,  # (B, U) per token or (B, 1) per sequence, with grad
+    old_logp: torch.Tensor,  # (B, U) no grad
+    advantages: torch.Tensor,  # (B, 1) or (B, U)
+    mask: torch.Tensor,  # (B, U) completion mask (all ones per sequence)
+    cfg: GRPOConfig,
+    *,
+    group_size: int,
+    surrogate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate loss and its metrics; pure function of tensors."""
-    if logp.dim() == 1:  # sequence-level ratios: one unit per sequence
-        logp, old_logp, mask = logp[:, None], old_logp[:, None], torch.ones_like(logp)[:, None]
-        ref_logp = None if ref_logp is None else ref_logp[:, None]
-    mask = mask.float()
-    adv = advantages[:, None]  # (B, 1)
-    log_ratio = logp - old_logp.detach()  # (B, L)
+    """Clipped surrogate loss and its metrics; pure function of tensors (``surrogate`` is not used)."""
+    log_ratio = logp - old_logp.detach()  # (B, U)
     ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - eps, 1 + eps_high)
-    per_unit = -torch.min(ratio * adv, clipped * adv)  # (B, L)
-    kl = None
-    if ref_logp is not None and beta > 0:
-        kl = k3_kl(logp, ref_logp.detach())
-        per_unit = per_unit + beta * kl
-    loss = masked_mean(per_unit, mask, dim=-1).mean()
-    with torch.no_grad():
-        lr = log_ratio.detach()
-        m = mask.bool()
-        vals = lr[m] if bool(m.any()) else lr.new_zeros(1)
-        metrics = {
-            "ratio/log_mean": vals.mean(),
-            "ratio/log_std": vals.std() if vals.numel() > 1 else vals.new_zeros(()),
-            "ratio/log_min": vals.min(),
-            "ratio/log_max": vals.max(),
-            "ratio/clip_frac_low": masked_mean(((ratio < 1 - eps) & (adv < 0)).float(), mask),
-            "ratio/clip_frac_high": masked_mean(((ratio > 1 + eps_high) & (adv > 0)).float(), mask),
-        }
-        if kl is not None:
-            metrics["train/kl"] = masked_mean(kl.detach(), mask)
+    clipped = torch.clamp(ratio, 1 - cfg.eps, 1 + cfg.eps_high)
+    per_unit = -torch.min(ratio * advantages, clipped * advantages)  # (B, U)
+    loss = agg_loss(per_unit, mask, "seq-mean-token-mean")
+    metrics = ratio_metrics(log_ratio, mask, (ratio < 1 - cfg.eps) & (advantages < 0),
+                            (ratio > 1 + cfg.eps_high) & (advantages > 0))
     return loss, metrics
 
 
 @OBJECTIVES.register("grpo")
 class GRPO(Objective):
     config_class = GRPOConfig
+    policy_loss = staticmethod(grpo_loss)
 
-    @staticmethod
-    def _args(ctx: StepContext) -> tuple:
+    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro = ctx.rollout
         seeds = mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0], ctx.inner_iter, ro.shard.offset)
-        return ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, seeds
-
-    def old_values(self, ctx: StepContext) -> torch.Tensor:
-        return self.likelihood(ctx.old_policy, *self._args(ctx))
-
-    def loss(self, ctx: StepContext):
-        ro = ctx.rollout
-        args = self._args(ctx)
-        old = self.behaviour(ctx)
-        with torch.no_grad():
-            ref = self.likelihood(ctx.ref_policy, *args) if ctx.ref_policy is not None and self.cfg.beta > 0 else None
-        logp = self.likelihood(ctx.policy, *args)
-        g = ro.shard.gather  # every process's rows (identity on one process)
-        return grpo_loss(g(logp), g(old), g(ro.advantages), g(ro.completion_mask), self.cfg.eps, self.cfg.eps_high,
-                         None if ref is None else g(ref), self.cfg.beta)
+        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, seeds)
+        if logp.dim() == 1:  # a sequence-level estimator (ELBO): one unit per sequence
+            return Scores(logp[:, None], torch.ones_like(logp)[:, None])
+        return Scores(logp, ro.completion_mask)

@@ -3,7 +3,7 @@
 The completion is cut into the *model's* blocks (``block_size`` tokens; ``sampler.block_length`` is
 the masked-diffusion sampler's notion and is not used here) and filled left to right. Inside the
 current block the low-confidence remasking rule of :mod:`diffusion_rl.sampling.sampler` runs
-unchanged (its ``gumbel_argmax``, ``top_k_per_row`` and ``num_transfer_tokens``): ``steps / num_blocks``
+unchanged (its :func:`~diffusion_rl.sampling.sampler.denoise_step` and ``num_transfer_tokens``): ``steps / num_blocks``
 steps per block, ``k`` tokens committed per step. A block model's attention is causal across blocks,
 so finished blocks never see later ones: their keys and values are computed once (one extra forward
 of the finished block, as SDAR's ``store_kv``) and cached, and each denoising step runs the model on
@@ -27,13 +27,13 @@ from torch import nn
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.sampling.sampler import (
+    CommitStats,
     SampleOutput,
     SamplerConfig,
     StepRecorder,
+    denoise_step,
     generate,
-    gumbel_argmax,
     num_transfer_tokens,
-    top_k_per_row,
 )
 
 
@@ -93,6 +93,7 @@ def block_generate(
     x = torch.cat([prompt_ids, torch.full((B, L), mask_id, dtype=prompt_ids.dtype, device=device)], 1)  # (B, T)
     keep = torch.cat([keep_prompt.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)  # (B, T)
     gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
+    stats = CommitStats(B, device)
     cache = None
     if use_cache and P > 0:  # prefill: the prompt's blocks
         cache = net(input_ids=x[:, :P], attention_mask=keep[:, :P], use_cache=True).past_key_values
@@ -106,14 +107,8 @@ def block_generate(
                 logits = net(input_ids=blk, attention_mask=keep[:, :end], past_key_values=cache).logits.float()
             else:
                 logits = net(input_ids=x[:, :end], attention_mask=keep[:, :end]).logits[:, start:].float()  # (B, bs, V)
-            masked = blk == mask_id  # (B, bs)
-            cand = gumbel_argmax(logits, cfg.temperature, generator, gdtype)  # (B, bs)
-            if cfg.remasking == "low_confidence":
-                conf = logits.softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, bs)
-            else:
-                conf = torch.rand((B, bs), generator=generator, device=device)
-            conf = conf.masked_fill(~masked, float("-inf"))
-            commit = top_k_per_row(conf, k_sched[:, i]) & masked  # (B, bs)
+            cand, commit = denoise_step(logits, blk == mask_id, k_sched[:, i], cfg, generator, gdtype)  # (B, bs)
+            stats.add(logits, commit)
             if recorder is not None:
                 _record(recorder, step, x, logits, cand, commit, start)
             x[:, start:end] = torch.where(commit, cand, blk)
@@ -121,7 +116,7 @@ def block_generate(
         if use_cache and end < P + L:  # the finished block is clean context from now on
             cache = net(input_ids=x[:, start:end], attention_mask=keep[:, :end], past_key_values=cache,
                         use_cache=True).past_key_values
-    return SampleOutput(sequences=x[:, pad:], completion=x[:, P:])
+    return stats.finish(x[:, pad:], x[:, P:])
 
 
 def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Tensor, cand: torch.Tensor,

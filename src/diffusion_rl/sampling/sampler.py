@@ -6,9 +6,11 @@ gives logits; a candidate token is drawn at every masked position (Gumbel-max at
 plain argmax at ``tau = 0``); the ``k`` most confident candidates inside the current block are
 committed. ``k`` follows :func:`num_transfer_tokens`.
 
-A :class:`StepRecorder` passed to :func:`generate` sees every step's state, logits and committed
-positions, so per-step trajectories (EGSPO) are recorded from the forward pass the sampler already
-makes.
+One step (candidates, confidence, the ``k`` committed) is :func:`denoise_step`, shared with the block
+sampler (``block.py``). A :class:`StepRecorder` passed to :func:`generate` sees every step's state,
+logits and committed positions, so per-step trajectories (EGSPO) are recorded from the forward pass
+the sampler already makes. Every sampler also returns, per sample, the mean full-vocabulary entropy
+of the distributions its committed tokens were drawn from (temperature 1: ``train/entropy``).
 """
 
 from __future__ import annotations
@@ -92,6 +94,29 @@ class StepRecorder(Protocol):
 class SampleOutput:
     sequences: torch.Tensor  # (B, P + L) prompt and completion
     completion: torch.Tensor  # (B, L)
+    # sum over the committed tokens of a row of the entropy of softmax(logits) at their position, and
+    # their number: (B,) each; train/entropy is sum / count over the batch
+    entropy_sum: torch.Tensor | None = None
+    num_committed: torch.Tensor | None = None
+
+
+class CommitStats:
+    """Per-row sums over committed tokens, accumulated step by step (what :class:`SampleOutput` reports)."""
+
+    def __init__(self, batch: int, device: torch.device):
+        self.entropy_sum = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def add(self, logits: torch.Tensor, commit: torch.Tensor) -> None:
+        """logits (B, T, V) and commit (B, T) bool of one step."""
+        rows = commit.nonzero()[:, 0]  # (n,)
+        logp = logits[commit].float().log_softmax(-1)  # (n, V)
+        ent = -(logp.exp() * logp).sum(-1)  # (n,)
+        self.entropy_sum.index_add_(0, rows, ent.double())
+        self.count += commit.sum(-1)
+
+    def finish(self, sequences: torch.Tensor, completion: torch.Tensor) -> SampleOutput:
+        return SampleOutput(sequences, completion, self.entropy_sum, self.count)
 
 
 def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
@@ -122,6 +147,23 @@ def top_k_per_row(confidence: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return ranks < k[:, None]
 
 
+def denoise_step(logits: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor, cfg: SamplerConfig,
+                 generator: torch.Generator | None, gumbel_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One low-confidence remasking step (SPEC §2) over a region of ``T`` positions.
+
+    logits (B, T, V); ``allowed`` (B, T) the masked positions that may be committed now (in the
+    current block); ``k`` (B,) how many to commit. Returns the candidates (B, T), drawn at every
+    position, and the committed positions (B, T) bool: the ``k`` most confident allowed ones.
+    """
+    cand = gumbel_argmax(logits, cfg.temperature, generator, gumbel_dtype)  # (B, T)
+    if cfg.remasking == "low_confidence":
+        conf = logits.float().softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, T)
+    else:
+        conf = torch.rand(allowed.shape, generator=generator, device=allowed.device)
+    conf = conf.masked_fill(~allowed, float("-inf"))
+    return cand, top_k_per_row(conf, k) & allowed
+
+
 @torch.no_grad()
 def generate(
     forward: Forward,
@@ -142,26 +184,21 @@ def generate(
         attn = torch.cat([prompt_mask.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)
     gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
     positions = torch.arange(P + L, device=device)
+    stats = CommitStats(B, device)
     step = 0
     for b in range(cfg.num_blocks):
         start, end = P + b * bl, P + (b + 1) * bl
         k_sched = num_transfer_tokens((x[:, start:end] == mask_id).sum(-1), cfg.steps_per_block)  # (B, n)
         in_block = (positions >= start) & (positions < end)  # (T,)
         for i in range(cfg.steps_per_block):
-            masked = x == mask_id  # (B, T)
             logits = _guided_logits(forward, x, attn, cfg.cfg_scale, P, mask_id)  # (B, T, V)
-            cand = gumbel_argmax(logits, cfg.temperature, generator, gdtype)  # (B, T)
-            if cfg.remasking == "low_confidence":
-                conf = logits.float().softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, T)
-            else:
-                conf = torch.rand((B, P + L), generator=generator, device=device)
-            conf = conf.masked_fill(~(masked & in_block), float("-inf"))
-            commit = top_k_per_row(conf, k_sched[:, i]) & masked & in_block  # (B, T)
+            cand, commit = denoise_step(logits, (x == mask_id) & in_block, k_sched[:, i], cfg, generator, gdtype)
+            stats.add(logits, commit)
             if recorder is not None:
                 recorder.on_step(step, x.clone(), logits, cand, commit)
             x = torch.where(commit, cand, x)
             step += 1
-    return SampleOutput(sequences=x, completion=x[:, P:])
+    return stats.finish(x, x[:, P:])
 
 
 def _guided_logits(forward: Forward, x: torch.Tensor, attn: torch.Tensor | None, scale: float,

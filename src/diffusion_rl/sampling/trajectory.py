@@ -109,14 +109,6 @@ class TrajectoryRecorder:
         """(B, T) int16 number of tokens committed at each step."""
         return torch.stack(self._counts, 1)
 
-    def entropy_stats(self) -> tuple[float, int]:
-        """Sum of the committed tokens' entropies and their number: the rollout's ``train/entropy``
-        comes from here when this recorder runs, instead of a second entropy pass over the logits."""
-        if not self._entropies:
-            return 0.0, 0
-        counts = self.counts.float()
-        return float((self.entropies * counts).sum()), int(counts.sum())
-
     # ---- reconstruction -----------------------------------------------------------------
     def _check(self, s: int, upper: int) -> None:
         if self.commit_step is None:

@@ -89,18 +89,26 @@ class Task(ABC):
     def reward_functions(self) -> list[tuple[str, RewardFn, float]]:
         """``(name, fn, weight)`` triples; the composite reward is the weighted sum."""
 
-    def rewards(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> torch.Tensor:
-        """Composite reward per completion, shape ``(N,)``; a raising function costs one completion."""
+    def score(self, completions: Sequence[str],
+              items: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Composite reward per completion ``(N,)`` and each function's unweighted values ``{name: (N,)}``;
+        a function that raises costs one completion (``failure_reward``), not the batch."""
         prompts = [self.prompt(it) for it in items]
         fields = {k: [it.get(k) for it in items] for k in items[0]} if items else {}
         total = torch.zeros(len(completions), dtype=torch.float32)
+        components: dict[str, torch.Tensor] = {}
         for name, fn, weight in self.reward_functions():
             try:
                 values = fn(prompts, list(completions), **fields)
             except Exception:  # noqa: BLE001 - fall back to one call per completion
                 values = [self._one_reward(name, fn, p, c, it) for p, c, it in zip(prompts, completions, items)]
-            total += weight * torch.tensor(values, dtype=torch.float32)
-        return total
+            components[name] = torch.tensor(values, dtype=torch.float32)
+            total += weight * components[name]
+        return total, components
+
+    def rewards(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> torch.Tensor:
+        """Composite reward per completion, shape ``(N,)``."""
+        return self.score(completions, items)[0]
 
     def _one_reward(self, name: str, fn: RewardFn, prompt: str, completion: str, item: dict) -> float:
         try:

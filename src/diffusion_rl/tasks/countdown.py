@@ -180,7 +180,21 @@ def _parse_rows(rows: list[dict[str, Any]], key: str, source: str) -> list[dict[
 @dataclass
 class CountdownConfig(TextTaskConfig):
     name: str = "countdown"
+    eval_batch_size: int = 256
+    # compact (the embedded character model: "30,100,93->23:" -> "30+93-100") | chat (d1's prompts)
     prompt_style: str = "compact"
+    compact_template: str = "{numbers_csv}->{target}:"
+    chat_eval_system: str = (
+        "You are a math expert. You will be given numbers and a target. Reason step by step, then give one "
+        "arithmetic expression.\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
+        "<answer>\nan expression such as 2*4-3\n</answer>")
+    # d1's Countdown prompt; fields {numbers} "[30, 100, 93]", {numbers_csv} "30,100,93", {target} "23"
+    chat_user_template: str = (
+        "Using only the numbers {numbers}, create an arithmetic expression that evaluates to exactly {target}. "
+        "You must use all numbers from the list, and each number must be used exactly once. You may use the "
+        "operations +, -, *, and / as needed. After reasoning, provide only your final expression inside "
+        "<answer></answer> tags without including an equals sign or the target number. For example, if the "
+        "numbers are [2, 3, 4] and the target is 5, a valid answer is: <answer>\n2*4-3\n</answer>")
     source: str = "generate"  # training (and default test) items: generate | hub
     num_train: int | None = 20000
     min_number: int = 1

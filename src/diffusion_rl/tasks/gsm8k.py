@@ -31,7 +31,10 @@ _CALC_RE = re.compile(r"<<[^>]*>>")
 @dataclass
 class GSM8KConfig(TextTaskConfig):
     name: str = "gsm8k"
+    eval_batch_size: int = 64  # chat prompts of up to 512 generated tokens
     num_test: int = 1319  # the whole test split, as the papers
+    compact_template: str = "{question}\nA:"
+    chat_user_template: str = "{question}"
     hub_id: str = "openai/gsm8k"
     hub_config: str | None = "main"
     strict_string: bool = False  # d1's exact string comparison for the correctness reward

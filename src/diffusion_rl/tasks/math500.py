@@ -24,7 +24,7 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, load_rows, seeded_subset
-from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
+from diffusion_rl.tasks.text import MATH_EXPERT, TextTask, TextTaskConfig, format_catalogue
 
 MATH_SUBJECTS = [
     "algebra", "counting_and_probability", "geometry", "intermediate_algebra",
@@ -32,10 +32,19 @@ MATH_SUBJECTS = [
 ]
 
 
+# d1's MATH training prompt: its format prompt asking for the answer in \boxed{}
+BOXED_TRAIN_SYSTEM = (MATH_EXPERT + "Respond in the following format:\n<reasoning>\n...\n</reasoning>\n"
+                      "<answer>\n\\boxed{...}\n</answer>")
+
+
 @dataclass
 class Math500Config(TextTaskConfig):
     name: str = "math500"
-    num_test: int = 500
+    eval_batch_size: int = 64  # chat prompts of up to 512 generated tokens
+    num_test: int = 500  # the papers' MATH500 size
+    compact_template: str = "{problem}\nA:"
+    chat_train_system: str = BOXED_TRAIN_SYSTEM
+    chat_user_template: str = "{problem}"
     hub_id: str = "HuggingFaceH4/MATH-500"
     hub_config: str | None = None
     train_hub_id: str = "EleutherAI/hendrycks_math"

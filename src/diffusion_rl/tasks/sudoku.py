@@ -169,6 +169,7 @@ def _parse_row(fields: list[str], where: str) -> dict[str, str]:
 @dataclass
 class SudokuConfig(TaskConfig):
     name: str = "sudoku"
+    eval_batch_size: int = 256
     num_train: int = 4096  # generated training puzzles
     min_givens: int = 4
     max_givens: int = 10

@@ -36,13 +36,21 @@ from diffusion_rl.tasks.base import RewardFn, Task, TaskConfig
 
 PROMPT_STYLES = ("compact", "chat")
 
+# diffu-grpo's training format prompt (d1), the system text of chat training prompts
+D1_FORMAT_SYSTEM = "Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>"
+# d1's evaluation prompt for the math tasks: reason, then the answer in \boxed{}
+MATH_EXPERT = ("You are a math expert. You will be given a question to solve. Solve it step by step. "
+               "Wrap the final answer in a \\boxed{}.\n")
+BOXED_EVAL_SYSTEM = (MATH_EXPERT + "Respond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
+                     "<answer>\n\\boxed{...}\n</answer>")
+
 
 @dataclass
 class TextTaskConfig(TaskConfig):
     prompt_style: str = "chat"  # compact (embedded char model) | chat (instruction-tuned LMs)
-    compact_template: str = ""
-    chat_train_system: str = ""
-    chat_eval_system: str = ""
+    compact_template: str = ""  # compact: the whole prompt
+    chat_train_system: str = D1_FORMAT_SYSTEM  # chat, training: the system text before the user turn
+    chat_eval_system: str = BOXED_EVAL_SYSTEM  # chat, evaluation
     chat_user_template: str = ""
     eval_prefill: str = "<reasoning>"  # chat only: ends the evaluation prompt, starts the response
     rewards: str | dict[str, float] = "auto"  # auto | d1 | plain | {name: weight}

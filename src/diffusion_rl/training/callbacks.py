@@ -7,10 +7,8 @@ training batch (one rollout, ``mu`` optimizer steps) this callback
 1. adds the gradient-spike metrics (``grad/norm_ema``, ``grad/spike``, ``grad/spikes_total``) from
    its :class:`GradSpikeTracker`, whose state rides in the checkpoint (Lightning stores callback
    state), so a resumed run keeps counting;
-2. merges the rows of all processes with sums and counts (:func:`combine_rows`) when there are
-   several and the module's rows are per process (a module whose ``metrics_are_global`` is true
-   computes them on the gathered batch already), and writes one row per optimizer step to every
-   logger, at that step;
+2. writes one row per optimizer step to every logger, at that step (the module computes every
+   metric on the rows of all processes, so each process holds the same row);
 3. every ``samples_every_n_steps`` optimizer steps, logs a table of sample completions (prompt,
    completion, reward): a W&B table when W&B logs, and ``samples.jsonl`` in the run folder.
 
@@ -26,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 
-from diffusion_rl.training.diagnostics import DiagnosticsConfig, GradSpikeTracker, combine_rows
+from diffusion_rl.training.diagnostics import DiagnosticsConfig, GradSpikeTracker
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +47,20 @@ class DiagnosticsCallback(L.Callback):
 
     # ---- hooks --------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._flush(trainer, pl_module, len(batch) * _group_size(pl_module))
+        self._flush(trainer, pl_module)
         every = self.cfg.samples_every_n_steps
         if every and trainer.global_step // every > self.last_table_step // every:
             self.last_table_step = trainer.global_step
             self._log_samples(trainer, pl_module)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._flush(trainer, pl_module, 1)
+        self._flush(trainer, pl_module)
         from diffusion_rl.training.loggers import finish_loggers
 
         finish_loggers(trainer.loggers, failed=True)
 
     # ---- work -------------------------------------------------------------------------------
-    def _flush(self, trainer, pl_module, local_samples: int) -> None:
+    def _flush(self, trainer, pl_module) -> None:
         pending = list(getattr(pl_module, "pending_rows", []))
         if hasattr(pl_module, "pending_rows"):
             pl_module.pending_rows.clear()
@@ -76,8 +73,6 @@ class DiagnosticsCallback(L.Callback):
             if norm is not None and math.isfinite(norm):
                 row.update(self.tracker.update(float(norm)))
             rows.append((step, row))
-        if not getattr(pl_module, "metrics_are_global", False):  # the module's rows are per process
-            rows = _reduce_across_processes(rows, local_samples)
         for step, row in rows:
             for logger in trainer.loggers:
                 logger.log_metrics(row, step=step)
@@ -87,9 +82,7 @@ class DiagnosticsCallback(L.Callback):
         ro = getattr(pl_module, "last_rollout", None)
         if ro is None:
             return
-        items, texts = ro.extras.get("items"), ro.extras.get("texts")
-        if items is None or texts is None:
-            return
+        items, texts = ro.items, ro.texts
         n = min(self.cfg.num_samples, len(texts))
         # one sample from each of the first groups, then the next one of each, ... (spread over prompts)
         G = ro.group_size
@@ -104,25 +97,3 @@ class DiagnosticsCallback(L.Callback):
             with open(self.run_dir / "samples.jsonl", "a") as f:
                 for r in rows:
                     f.write(json.dumps(dict(zip(columns, r))) + "\n")
-
-
-def _group_size(pl_module) -> int:
-    task = getattr(pl_module, "task", None)
-    return int(getattr(getattr(task, "cfg", None), "group_size", 1))
-
-
-def _reduce_across_processes(rows: list[tuple[int, dict[str, float]]], local_samples: int
-                             ) -> list[tuple[int, dict[str, float]]]:
-    """One collective per batch: gather every process's rows, merge them position by position."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return rows
-    world = torch.distributed.get_world_size()
-    if world == 1:
-        return rows
-    gathered: list[Any] = [None] * world
-    torch.distributed.all_gather_object(gathered, (rows, local_samples))
-    merged = []
-    for i, (step, _) in enumerate(rows):
-        parts = [(r[i][1], n) for r, n in gathered if i < len(r)]
-        merged.append((step, combine_rows([p for p, _ in parts], [n for _, n in parts])))
-    return merged

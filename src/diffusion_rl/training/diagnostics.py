@@ -1,9 +1,9 @@
-"""Diagnostics math (SPEC §6): the gradient-spike tracker and the cross-process reduction of metrics.
+"""Diagnostics math (SPEC §6): the gradient-spike tracker and the set of metrics every run logs.
 
 A spike is a pre-clip gradient norm above ``spike_factor`` x the median of the last ``window`` norms
 (only once the window holds ``min_history`` values). The tracker's state is plain data so
-checkpoints can carry it. :func:`combine_rows` merges the metric rows of several processes with
-sums and counts (never a mean of means); :data:`SPEC_METRICS` is the set every run logs. The
+checkpoints can carry it. :data:`SPEC_METRICS` is the set every run logs. Metrics need no merging
+across processes: the module computes them on the rows of every process (``distributed.py``). The
 Lightning side (when to update, logging, W&B tables) is ``training/callbacks.py``.
 """
 
@@ -89,64 +89,3 @@ class GradSpikeTracker:
         self.history = deque(state["history"], maxlen=self.cfg.window)
         self.ema, self.spikes_total = state["ema"], state["spikes_total"]
         self.count, self.max_norm, self.sum_norm = state["count"], state["max_norm"], state["sum_norm"]
-
-
-# ---- cross-process reduction ------------------------------------------------------------------
-# How a metric combines over processes. Default "mean": weighted by each process's sample count n,
-# i.e. sum(value * n) / sum(n). Exact for per-sample means (reward, completion length, ESS per
-# group); per-token means (GRPO's ratio statistics, entropy) are weighted by samples, which is
-# exact when every process scores as many tokens. "std": pooled from each process's (n, mean, std)
-# with the paired mean key. "same": identical on every process (the gradient is all-reduced before
-# its norm is taken; the learning rate is shared), rank 0's value is kept.
-_STD_OF = {"train/reward_std": "train/reward", "ratio/log_std": "ratio/log_mean"}
-_KIND = {
-    "ratio/log_max": "max", "ratio/log_min": "min", "weights/max": "max",
-    "train/skipped_updates": "max", "train/inner_iter": "same", "train/lr": "same",
-}
-_PREFIX_KIND = {"grad/": "same", "time/": "max", "throughput/": "sum"}  # wall time: the slowest process
-
-
-def reduction(key: str) -> str:
-    """``mean | std | max | min | sum | same`` for a metric name."""
-    if key in _STD_OF:
-        return "std"
-    if key in _KIND:
-        return _KIND[key]
-    for prefix, kind in _PREFIX_KIND.items():
-        if key.startswith(prefix):
-            return kind
-    return "mean"
-
-
-def combine_rows(rows: list[dict[str, float]], counts: list[float]) -> dict[str, float]:
-    """Merge one metric row per process (``counts[i]`` samples behind row ``i``) into one row."""
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    out: dict[str, float] = {}
-    for k in keys:
-        have = [(r, float(n)) for r, n in zip(rows, counts) if k in r]
-        vals = [float(r[k]) for r, _ in have]
-        kind = reduction(k)
-        if kind == "same":
-            out[k] = vals[0]
-        elif kind == "max":
-            out[k] = max(vals)
-        elif kind == "min":
-            out[k] = min(vals)
-        elif kind == "sum":
-            out[k] = sum(vals)
-        elif kind == "std" and all(_STD_OF[k] in r for r, _ in have):
-            out[k] = _pooled_std([(n, float(r[_STD_OF[k]]), float(r[k])) for r, n in have])
-        else:
-            total = sum(n for _, n in have)
-            out[k] = sum(v * n for v, (_, n) in zip(vals, have)) / total if total > 0 else sum(vals) / len(vals)
-    return out
-
-
-def _pooled_std(parts: list[tuple[float, float, float]]) -> float:
-    """Unbiased std of the union of samples given each part's (count, mean, unbiased std)."""
-    n = sum(c for c, _, _ in parts)
-    if n <= 1:
-        return 0.0
-    mean = sum(c * m for c, m, _ in parts) / n
-    ss = sum(max(c - 1, 0) * s * s + c * (m - mean) ** 2 for c, m, s in parts)
-    return math.sqrt(ss / (n - 1))

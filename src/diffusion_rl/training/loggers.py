@@ -38,20 +38,25 @@ class WandbConfig:
     group: str | None = None
     tags: list[str] = field(default_factory=list)
     name: str | None = None  # default: the run folder's name (a multirun job's overrides)
-    offline: bool = False
+    offline: bool = False  # true: never upload, even with an API key
+
+
+@dataclass
+class LoggerConfig:
+    names: list[str] = field(default_factory=lambda: ["csv"])  # csv | tensorboard | wandb; csv is always useful
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # logger=wandb
 
 
 def make_loggers(cfg: DictConfig, run_dir: Path) -> list:
-    names = list(cfg.logger.get("names", ["csv"]))
+    lcfg = from_dict(LoggerConfig, cfg.get("logger") or {}, "logger")
     loggers = []
-    for name in names:
+    for name in lcfg.names:
         if name == "csv":
             loggers.append(L.pytorch.loggers.CSVLogger(run_dir, name="", version=""))
         elif name == "tensorboard":
             loggers.append(L.pytorch.loggers.TensorBoardLogger(run_dir, name="tb", version=""))
         elif name == "wandb":
-            wcfg = from_dict(WandbConfig, cfg.logger.get("wandb") or {}, "logger.wandb")
-            loggers.append(make_wandb_logger(wcfg, run_dir, OmegaConf.to_container(cfg, resolve=True)))
+            loggers.append(make_wandb_logger(lcfg.wandb, run_dir, OmegaConf.to_container(cfg, resolve=True)))
         else:
             raise ConfigError("logger.names", name, f"allowed: {', '.join(LOGGERS)}")
     return loggers

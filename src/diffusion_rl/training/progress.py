@@ -28,7 +28,8 @@ class RLProgressBar(ProgressBar):
         if self._bar is None:
             return
         self._bar.n = trainer.global_step
-        roll = getattr(pl_module, "last_rollout_metrics", {})
+        ro = getattr(pl_module, "last_rollout", None)
+        roll = ro.metrics if ro is not None else {}
         row = getattr(pl_module, "last_metrics", {})
         post = {"reward": roll.get("train/reward"), "loss": row.get("train/loss"), "gnorm": row.get("grad/norm")}
         self._bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None}, refresh=False)

@@ -1,0 +1,147 @@
+"""Rollouts: prompts in, a typed :class:`~diffusion_rl.objectives.base.Rollout` out (no Lightning).
+
+One call of :class:`RolloutEngine` does, for a batch of task items:
+
+1. expand each item to ``G`` rows, encode the prompts, keep this process's share of the rows
+   (``distributed.py``);
+2. sample completions with the behaviour policy (the sampler of SPEC §2, or the block sampler for a
+   block model), ``sampler.rollout_batch_size`` rows per call, each call's Gumbel noise from a
+   generator keyed by ``(seed, rollout id, first global row)``; the trajectory is recorded when the
+   objective trains on denoising steps;
+3. select the steps the objective trains on (EGSPO) and, when the advantage estimator needs values,
+   rebuild the greedy one-step completions at those steps (EGSPO-SA);
+4. decode every completion once and score all of them in **one** pass of the task's reward functions;
+5. gather the rewards of all processes and compute the advantages once, with the configured
+   estimator (``advantages.py``), keeping this process's rows.
+
+The rollout's metrics (``train/reward``, ``train/entropy``, ``time/rollout_s``, ... SPEC §6) ride on
+the returned object and are logged with its first inner update.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from diffusion_rl.advantages import AdvantageEstimator
+from diffusion_rl.distributed import Shard
+from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
+from diffusion_rl.objectives.base import Objective, Rollout
+from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling.sampler import completion_mask
+from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.seeding import mix_seed
+from diffusion_rl.tasks.base import Task
+
+_GUMBEL_SALT = 0xA11
+
+
+class RolloutEngine:
+    """Turns task items into a :class:`Rollout`; holds no model of its own (the caller passes the
+    behaviour policy), so the same engine serves a frozen copy or the policy itself."""
+
+    def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
+                 sampler: SamplerConfig, seed: int = 0):
+        self.bundle, self.task, self.objective, self.advantage = bundle, task, objective, advantage
+        self.sampler, self.seed = sampler, seed
+
+    @torch.no_grad()
+    def __call__(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Rollout:
+        t0 = time.perf_counter()
+        G, tok, eos = self.task.cfg.group_size, self.bundle.tokenizer, self.bundle.eos_token_id
+        device = next(behaviour.parameters()).device
+        prompts = [self.task.prompt(it) for it in items for _ in range(G)]
+        ids, mask = encode_prompts(tok, prompts, device, self.bundle.block_size)  # (N, P)
+        shard = Shard.current(ids.shape[0])  # every process padded all N rows alike; keep this one's share
+        rows = shard.rows(ids.shape[0])
+        ids, mask = ids[rows], mask[rows]  # (n, P)
+        group_items = [it for it in items for _ in range(G)][rows]
+        traj = None
+        if self.objective.needs_trajectory:
+            traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values)
+        completion, entropy = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj)
+        comp_mask = completion_mask(completion, eos)
+        metrics: dict[str, float] = {}
+        steps = None
+        if traj is not None:
+            steps, metrics = self.objective.select_steps(traj, completion, comp_mask, eos, rollout_id, self.seed)
+        greedy, greedy_rows = self._greedy_completions(traj, steps, completion)
+        texts = decode_completions(tok, torch.cat([completion, greedy]), eos)
+        t_score = time.perf_counter()
+        total, components = self.task.score(texts, group_items + [group_items[b] for b in greedy_rows.tolist()])
+        n = completion.shape[0]
+        rewards = total[:n].to(device)  # (n,)
+        all_rewards = shard.gather(rewards)  # (N,): a group may span processes
+        values = valid = None
+        if self.advantage.needs_values:
+            assert steps is not None
+            valid = steps >= 0
+            values_of = rewards.float()[:, None].expand(steps.shape).clone()  # unused slots: V = r(x_0)
+            values_of[valid] = total[n:].to(values_of)
+            values, valid = shard.gather(values_of), shard.gather(valid)
+        metrics["time/score_s"] = time.perf_counter() - t_score
+        adv, adv_metrics = self.advantage(all_rewards, G, values, valid)
+        metrics.update(adv_metrics)
+        t_roll = time.perf_counter() - t0
+        group_std = all_rewards.view(-1, G).std(-1)
+        lengths = shard.gather(comp_mask.sum(-1))  # (N,)
+        ent = shard.all_reduce_sum(entropy)
+        metrics.update({
+            "train/reward": all_rewards.mean().item(),
+            "train/reward_std": all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
+            "train/frac_zero_std_groups": (group_std < 1e-6).float().mean().item(),
+            "train/completion_len": lengths.float().mean().item(),
+            "train/entropy": float(ent[0] / ent[1].clamp_min(1)),
+            "time/rollout_s": t_roll,
+            "throughput/tokens_per_s": completion.numel() * shard.world_size / max(t_roll, 1e-9),
+        })
+        if shard.world_size > 1:  # per-process metrics of the selection: mean over equal shares
+            keys = [k for k in metrics if k.startswith("egspo/")]
+            vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
+            metrics.update(zip(keys, (vals / shard.world_size).tolist()))
+        return Rollout(
+            rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
+            completion_mask=comp_mask, texts=texts[:n], items=group_items, rewards=rewards, all_rewards=all_rewards,
+            reward_components={k: v[:n] for k, v in components.items()}, advantages=adv[rows], shard=shard,
+            trajectory=traj, selected_steps=steps, metrics=metrics,
+        )
+
+    def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
+                  recorder: TrajectoryRecorder | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Completions (n, L) and ``[entropy sum, committed tokens]`` (2,) float64 of this process's rows."""
+        was_training = net.training
+        net.eval()
+        n = ids.shape[0]
+        size = self.sampler.rollout_batch_size or n
+        parts, ent = [], torch.zeros(2, dtype=torch.float64, device=ids.device)
+        for s in range(0, n, size):
+            first = offset + s  # global row: the same rows draw the same noise on any number of processes
+            key = (mix_seed(self.seed, rollout_id, _GUMBEL_SALT) if first == 0
+                   else mix_seed(self.seed, rollout_id, _GUMBEL_SALT, first))
+            gen = torch.Generator(device=ids.device).manual_seed(key)
+            out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler,
+                                  self.bundle.mask_token_id, gen, recorder)
+            parts.append(out.completion)
+            assert out.entropy_sum is not None and out.num_committed is not None
+            ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
+        net.train(was_training)
+        return torch.cat(parts), ent
+
+    def _greedy_completions(self, traj: TrajectoryRecorder | None, steps: torch.Tensor | None,
+                            completion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy one-step completions at every selected step, (m, L), and the row of each (m,);
+        none unless the advantage estimator needs their values."""
+        if traj is None or steps is None or not self.advantage.needs_values:
+            return completion[:0], torch.zeros(0, dtype=torch.long)
+        L = completion.shape[1]
+        bi, ki = (steps >= 0).nonzero(as_tuple=True)  # (m,) each
+        sel = steps[bi, ki]  # (m,)
+        comps = completion.new_empty(sel.numel(), L)
+        for s in sel.unique().tolist():  # one reconstruction per distinct step
+            hit = sel == s
+            comps[hit] = traj.greedy_completion(s)[bi[hit], -L:].to(comps.dtype)
+        return comps, bi
