@@ -30,6 +30,7 @@ from diffusion_rl.evaluate import EvalRunConfig
 from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.models.policy import ModelConfig
 from diffusion_rl.objectives import OBJECTIVES
+from diffusion_rl.registry import Registry
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import TASKS
 from diffusion_rl.train import RunConfig, TrainerConfig
@@ -43,7 +44,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "logger": LoggerConfig, "fault": FaultConfig,
 }
 # config groups whose options are registered classes, each with its own config dataclass
-REGISTRIES = {"objective": OBJECTIVES, "likelihood": LIKELIHOODS, "advantage": ADVANTAGES, "task": TASKS}
+REGISTRIES: dict[str, Registry[Any]] = {"objective": OBJECTIVES, "likelihood": LIKELIHOODS, "advantage": ADVANTAGES, "task": TASKS}
 
 
 def defaults_of(cls: type, keys: set[str] | None = None) -> dict[str, Any]:

@@ -157,7 +157,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
     progress = c.trainer.enable_progress_bar
     key_parts = {"model": OmegaConf.to_container(cfg.model, resolve=True),
-                 "task": {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items()
+                 "task": {k: v for k, v in dict(OmegaConf.to_container(cfg.task, resolve=True)).items()  # type: ignore[arg-type]
                           if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")},
                  "seed": cfg.seed}
     provenance = None
@@ -187,7 +187,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     trainer = L.Trainer(
         max_steps=c.trainer.max_steps, max_epochs=-1, accelerator=c.trainer.accelerator, devices=c.trainer.devices,
         strategy=make_strategy(c.trainer.strategy, c.trainer.strategy_kwargs, c.bundle.net),
-        precision=c.trainer.precision, logger=loggers,
+        precision=c.trainer.precision, logger=loggers,  # type: ignore[arg-type]  # validated by Lightning
         callbacks=[ckpt_cb, diagnostics] + ([RLProgressBar()] if progress else [])
         + ([FaultInjector(fault)] if fault.kind != "none" else []), plugins=[AtomicCheckpointIO()], enable_progress_bar=progress, enable_model_summary=False,
         default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **c.trainer.extra,

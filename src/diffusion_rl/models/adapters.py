@@ -17,6 +17,7 @@ fails in one line.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,12 +51,15 @@ def enable_activation_checkpointing(net: nn.Module) -> None:
     if hf is not None:
         kwargs = {"use_reentrant": False}
         # transformers >= 5 renamed it (the old name is deprecated)
-        if hasattr(hf, "activation_checkpointing_enable"):
-            hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        enable: Any = getattr(hf, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
         else:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        if getattr(hf.config, "use_cache", False):
-            hf.config.use_cache = False
+            enable = hf.gradient_checkpointing_enable
+            enable(gradient_checkpointing_kwargs=kwargs)
+        config = getattr(hf, "config", None)
+        if getattr(config, "use_cache", False):
+            config.use_cache = False  # type: ignore[union-attr]
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,

@@ -24,6 +24,13 @@ from diffusion_rl.registry import Registry
 MODELS: Registry[Callable[[ModelConfig], PolicyBundle]] = Registry("model.name")
 
 
+# attention and MLP projections of Llama-style models (Llama, Qwen, SDAR); LLaDA's are in its config
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AUTO_CLASSES = ("auto", "AutoModel", "AutoModelForMaskedLM", "AutoModelForCausalLM")
+ATTENTION = ("native", "bidirectional", "block_causal")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 @dataclass
 class ModelConfig:
     name: str = "tiny"
@@ -52,7 +59,7 @@ class ModelConfig:
     dtype: str = "float32"  # weights: float32 | bfloat16 | float16 (bf16 compute: trainer.precision=bf16-mixed)
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward
     lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
-    lora_alpha: float = 64.0
+    lora_alpha: int = 64
     lora_dropout: float = 0.05
     # module names (suffix match) or one regular expression (full match) for LoRA
     lora_targets: list[str] | str = field(default_factory=lambda: list(LORA_TARGETS))
@@ -84,11 +91,6 @@ class ModelConfig:
             raise ConfigError("model.load_in_4bit", True, "needs LoRA (model.lora_r > 0): 4-bit weights are not trained")
 
 
-# attention and MLP projections of Llama-style models (Llama, Qwen, SDAR); LLaDA's are in its config
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-AUTO_CLASSES = ("auto", "AutoModel", "AutoModelForMaskedLM", "AutoModelForCausalLM")
-ATTENTION = ("native", "bidirectional", "block_causal")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -102,7 +104,7 @@ class PolicyBundle:
     custom_attention_mask: bool = True  # see ModelConfig.custom_attention_mask
 
 
-def logits_fn(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+def logits_fn(net: nn.Module) -> Callable[..., torch.Tensor]:
     """Adapt a network to ``(ids, attention_mask[, position_ids]) -> logits (B, T, V)`` float32."""
 
     def forward(ids: torch.Tensor, attn: torch.Tensor | None, position_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -98,7 +98,7 @@ class EGSPO(Objective):
     config_class = EGSPOConfig
     cfg: EGSPOConfig
     policy_loss = staticmethod(grpo_loss)  # the clipped surrogate, per selected step
-    advantages = ("group", "group_std", "loo", "stepwise")
+    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "stepwise")
     needs_trajectory = True
 
     # ---- rollout time -------------------------------------------------------------------

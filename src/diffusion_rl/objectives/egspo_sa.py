@@ -15,6 +15,7 @@ Source: the EGSPO paper's stepwise-advantage variant and its public code, as sum
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from diffusion_rl.objectives.base import OBJECTIVES
 from diffusion_rl.objectives.egspo import EGSPO, EGSPOConfig
@@ -28,4 +29,4 @@ class EGSPOSAConfig(EGSPOConfig):
 @OBJECTIVES.register("egspo_sa")
 class EGSPOSA(EGSPO):
     config_class = EGSPOSAConfig
-    advantages = ("stepwise",)
+    advantages: ClassVar[tuple[str, ...]] = ("stepwise",)

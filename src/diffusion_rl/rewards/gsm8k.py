@@ -47,7 +47,7 @@ _REASONING_TO_ANSWER_RE = re.compile(r"</reasoning>\s*<answer>")
 
 
 # ---- numbers ----------------------------------------------------------------------------------
-def gsm8k_gold(answer_field: str) -> str:
+def gsm8k_gold(answer_field: str | int) -> str:
     """The number after the last ``####`` with commas removed (the whole field if there is none)."""
     if not isinstance(answer_field, str):
         return (

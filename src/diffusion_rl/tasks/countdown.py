@@ -237,8 +237,7 @@ class CountdownTask(TextTask):
         held = set(rng.sample(range(len(items)), min(self.cfg.num_test, len(items) - 1)))
         return [it for i, it in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
-    @functools.cached_property
-    def _test(self) -> list[dict[str, Any]]:
+    def load_test(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         if cfg.data_path:
             rows = load_jsonl(cfg.data_path, "task.data_path")
@@ -248,8 +247,7 @@ class CountdownTask(TextTask):
         return generate_instances(cfg.num_test, f"countdown/test/{cfg.seed}", cfg.min_number,
                                   cfg.max_number, cfg.min_target, cfg.max_target)
 
-    @functools.cached_property
-    def _train(self) -> list[dict[str, Any]]:
+    def load_train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         exclude = {instance_key(it) for it in self._test}
         if cfg.train_data_path:

@@ -50,14 +50,12 @@ class GSM8KTask(TextTask):
     cfg: GSM8KConfig
     template_fields = ("question",)
 
-    @functools.cached_property
-    def _test(self) -> list[dict[str, Any]]:
+    def load_test(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         rows = load_rows(cfg.data_path, "task.data_path", COLUMNS, cfg.hub_id, cfg.hub_config, "test")
         return _items(rows)[: cfg.num_test]
 
-    @functools.cached_property
-    def _train(self) -> list[dict[str, Any]]:
+    def load_train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         rows = load_rows(cfg.train_data_path, "task.train_data_path", COLUMNS, cfg.hub_id, cfg.hub_config, "train")
         held_out = {it["question"] for it in self._test}

@@ -16,7 +16,6 @@ Rewards (``task.rewards``): ``d1`` = ``format`` (0.5 for an ``<answer>`` holding
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,15 +67,13 @@ class Math500Task(TextTask):
     cfg: Math500Config
     template_fields = ("problem",)
 
-    @functools.cached_property
-    def _test(self) -> list[dict[str, Any]]:
+    def load_test(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         rows = load_rows(cfg.data_path, "task.data_path", ("problem", "answer"), cfg.hub_id, cfg.hub_config, "test")
         items = [_item(r, "task.data_path") for r in rows]
         return [it for it in items if it is not None][: cfg.num_test]
 
-    @functools.cached_property
-    def _train(self) -> list[dict[str, Any]]:
+    def load_train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         if cfg.train_data_path:
             rows = load_jsonl(cfg.train_data_path, "task.train_data_path", ("problem",))
@@ -85,8 +82,8 @@ class Math500Task(TextTask):
             for subject in cfg.train_hub_configs:
                 rows += list(load_hub(cfg.train_hub_id, subject, "train", "task.train_hub_id"))
         held_out = {it["problem"] for it in self._test}
-        items = [_item(r, "task.train_data_path") for r in rows]
-        items = [it for it in items if it is not None and it["problem"] not in held_out]
+        parsed = [_item(r, "task.train_data_path") for r in rows]
+        items = [it for it in parsed if it is not None and it["problem"] not in held_out]
         return seeded_subset(items, cfg.num_train, f"math500/train/{cfg.seed}")
 
     def fields(self, item: dict[str, Any]) -> dict[str, str]:

@@ -107,9 +107,21 @@ class TextTask(Task):
         self._rewards = self._resolve_rewards()
 
     # ---- what subclasses provide --------------------------------------------------------------
-    # ``_train`` and ``_test``: cached item lists (``functools.cached_property``), loaded on first use.
-    _train: list[dict[str, Any]]
-    _test: list[dict[str, Any]]
+    @abstractmethod
+    def load_train(self) -> list[dict[str, Any]]:
+        """Training items, disjoint from :meth:`load_test`'s; called once (cached)."""
+
+    @abstractmethod
+    def load_test(self) -> list[dict[str, Any]]:
+        """Held-out items (at most ``num_test``); called once (cached)."""
+
+    @functools.cached_property
+    def _train(self) -> list[dict[str, Any]]:
+        return self.load_train()
+
+    @functools.cached_property
+    def _test(self) -> list[dict[str, Any]]:
+        return self.load_test()
 
     def train_items(self) -> list[dict[str, Any]]:
         return list(self._train)

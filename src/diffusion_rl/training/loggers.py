@@ -49,7 +49,7 @@ class LoggerConfig:
 
 def make_loggers(cfg: DictConfig, run_dir: Path) -> list:
     lcfg = from_dict(LoggerConfig, cfg.get("logger") or {}, "logger")
-    loggers = []
+    loggers: list[Any] = []
     for name in lcfg.names:
         if name == "csv":
             loggers.append(L.pytorch.loggers.CSVLogger(run_dir, name="", version=""))

@@ -190,8 +190,8 @@ class DiffusionRLModule(L.LightningModule):
     def inner_update(self, ctx: StepContext, inner_iter: int) -> None:
         """One optimizer step on the objective's loss; a non-finite loss or gradient skips it."""
         ctx.inner_iter = inner_iter
-        opt = self.optimizers()
-        sched = self.lr_schedulers()
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        assert not isinstance(opt, list) and sched is not None and not isinstance(sched, list)
         t0 = time.perf_counter()
         self.policy.train()
         loss, metrics = self.objective.loss(ctx)

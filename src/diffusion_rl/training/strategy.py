@@ -59,7 +59,7 @@ def make_strategy(name: str, kwargs: dict[str, Any], net: nn.Module) -> Any:
                 name,
                 "with strategy_kwargs allowed: ddp, ddp_spawn, ddp_fork, fsdp",
             )
-        return DDPStrategy(start_method=start, **kwargs)
+        return DDPStrategy(start_method=start, **kwargs)  # type: ignore[arg-type]  # one of the literals
     if name == "fsdp":
         from lightning.pytorch.strategies import FSDPStrategy
 
