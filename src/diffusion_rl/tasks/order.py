@@ -62,7 +62,7 @@ class ResumableLoader(DataLoader):
                          drop_last=drop_last, collate_fn=collate_fn, generator=torch.Generator().manual_seed(seed))
         self._position = {"epoch": 0, "served": 0}
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # yields batches, as the base
         order: EpochOrder = self.sampler  # type: ignore[assignment]
         served = order.start  # read before the sampler's first item resets it
         for batch in super().__iter__():
