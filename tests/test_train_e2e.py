@@ -6,12 +6,13 @@ import json
 import pytest
 import torch
 
+from diffusion_rl.objectives import OBJECTIVES
 from diffusion_rl.train import build, train
 
 from .helpers import compose_cfg
 
 
-@pytest.mark.parametrize("objective", ["grpo", "egspo", "egspo_sa", "stabledrl"])
+@pytest.mark.parametrize("objective", OBJECTIVES.names())
 def test_tiny_run_end_to_end(tmp_path, objective, monkeypatch):
     cfg = compose_cfg([f"objective={objective}", "objective.mu=2"], tmp_path)
     captured = {}

@@ -48,8 +48,14 @@ REGISTRIES: dict[str, Registry[Any]] = {"objective": OBJECTIVES, "likelihood": L
 
 
 def defaults_of(cls: type, keys: set[str] | None = None) -> dict[str, Any]:
-    """The defaults of dataclass ``cls`` as plain data (``keys``: only these fields)."""
-    data = dataclasses.asdict(cls())
+    """The defaults of dataclass ``cls`` as the plain data Hydra holds (tuples as lists; ``keys``: only
+    these fields)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return [plain(x) for x in v] if isinstance(v, list | tuple) else v
+
+    data = plain(dataclasses.asdict(cls()))
     return {k: v for k, v in data.items() if keys is None or k in keys}
 
 
