@@ -287,7 +287,7 @@ def test_config_errors(cls, kwargs, key):
 class TextTask:
     """A reward that depends on the text, so greedy completions get different values."""
 
-    cfg = SimpleNamespace(group_size=2)
+    cfg = SimpleNamespace(group_size=2, loss_mask="all")
 
     def prompt(self, item):
         return item["prompt"]

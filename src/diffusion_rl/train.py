@@ -25,6 +25,7 @@ from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.objectives import OBJECTIVES, Objective
+from diffusion_rl.rollout import RolloutConfig
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import check_block_sampler
 from diffusion_rl.tasks import TASKS, Task, TaskDataModule
@@ -41,6 +42,7 @@ from diffusion_rl.training.loggers import finish_loggers, make_loggers
 from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
 from diffusion_rl.training.progress import RLProgressBar
 from diffusion_rl.training.strategy import make_strategy
+from diffusion_rl.training.validation import ValidationCallback
 from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,14 @@ class EvalConfig:
     before: bool = True  # held-out metrics of the warm start
     after: bool = True  # and of the trained policy
     batch_size: int = 256
+    # val/<metric> on the validation split every N optimizer steps and before the first (0 = never)
+    every_n_steps: int = 0
+
+    def validate(self) -> None:
+        if self.every_n_steps < 0:
+            raise ConfigError("eval.every_n_steps", self.every_n_steps, "must be >= 0 (0 = never)")
+        if self.batch_size < 1:
+            raise ConfigError("eval.batch_size", self.batch_size, "must be >= 1")
 
 
 @dataclass
@@ -92,6 +102,7 @@ class RunConfig:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # stands in for the papers' SFT
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
         if self.old_policy not in OLD_POLICIES:
@@ -164,7 +175,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if c.run.warmstart.enabled:
         provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, key_parts,
                                 cfg.paths.cache_dir, progress)
-    datamodule = TaskDataModule(c.task)
+    datamodule = TaskDataModule(c.task, c.run.rollout.oversample)
     datamodule.setup()
     test_items = datamodule.test_items()
     summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance,
@@ -173,9 +184,13 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         summary["before"], _ = evaluate(c.bundle, c.task, test_items, c.sampler, c.run.eval.batch_size,
                                         "evaluating before RL" if progress else None)
     module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
-                               old_policy=c.run.old_policy)
+                               old_policy=c.run.old_policy, oversample=c.run.rollout.oversample)
     module.warm_start = provenance
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
+    validation = None
+    if c.run.eval.every_n_steps:
+        validation = ValidationCallback(c.bundle, c.task, datamodule.validation_items(), c.sampler,
+                                        c.run.eval.every_n_steps, c.run.eval.batch_size)
     loggers = make_loggers(cfg, run_dir)
     if ckpt is not None:  # resuming in this folder: keep the metric rows up to the checkpoint
         continue_csv_log(loggers, ckpt.global_step)
@@ -188,7 +203,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         max_steps=c.trainer.max_steps, max_epochs=-1, accelerator=c.trainer.accelerator, devices=c.trainer.devices,
         strategy=make_strategy(c.trainer.strategy, c.trainer.strategy_kwargs, c.bundle.net),
         precision=c.trainer.precision, logger=loggers,  # type: ignore[arg-type]  # validated by Lightning
-        callbacks=[ckpt_cb, diagnostics] + ([RLProgressBar()] if progress else [])
+        callbacks=[ckpt_cb, diagnostics] + ([validation] if validation else []) + ([RLProgressBar()] if progress else [])
         + ([FaultInjector(fault)] if fault.kind != "none" else []), plugins=[AtomicCheckpointIO()], enable_progress_bar=progress, enable_model_summary=False,
         default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **c.trainer.extra,
     )
@@ -206,6 +221,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                 f.write(json.dumps(r) + "\n")
     summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
                     "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
+                    "validation": validation.history if validation else [],
                     "wall_s": time.perf_counter() - t_start})
     with open(run_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2, default=str)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.objectives.base import (
     OBJECTIVES,
     Forward,
@@ -73,8 +72,9 @@ class GRPO(Objective):
 
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro = ctx.rollout
-        seeds = mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0], ctx.inner_iter, ro.shard.offset)
-        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, seeds)
+        seeds = self.mask_seeds(ctx, role)
+        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask, seeds)
         if logp.dim() == 1:  # a sequence-level estimator (ELBO): one unit per sequence
             return Scores(logp[:, None], torch.ones_like(logp)[:, None])
-        return Scores(logp, ro.completion_mask)
+        # the KL anchor covers every completion token, the policy gradient the tokens the reward reads
+        return Scores(logp, ro.scored_mask, kl_logp=logp, kl_mask=ro.completion_mask)

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.elbo import ELBOEstimator, eubo_from_logps
 from diffusion_rl.objectives.base import (
     OBJECTIVES,
@@ -60,7 +59,6 @@ from diffusion_rl.objectives.base import (
     ratio_metrics,
 )
 
-_FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share=false)
 _LOG_W_MAX = 80.0  # exp(80) ~ 5.5e34: keeps the unnormalised group_size weights finite in float32
 
 
@@ -71,7 +69,6 @@ class StableDRLConfig(ObjectiveConfig):
     eps: float = 5.0  # the paper's best trade-off; 100 or 1000 bring the collapse back
     clip: str = "paper"  # paper | cap | none
     normalize: str = "self"  # self | group_size
-    share_masks_with_old: bool = True  # false: fresh masks for the new policy (the public code)
     surrogate: str = "elbo"  # elbo | spg_mix
     eubo_beta: float = 1.5  # spg_mix only
     mix_weight: float = 0.5  # spg_mix only: weight of the EUBO for A <= 0
@@ -163,18 +160,10 @@ class StableDRL(Objective):
                 raise ConfigError("likelihood.weighting", likelihood.cfg.weighting,
                                   "objective.surrogate=spg_mix needs likelihood.weighting=mean (the SPG code's scale)")
 
-    def seeds(self, ctx: StepContext, role: str) -> list[int]:
-        """Mask seeds of this inner iteration: the old policy's, or the new (and reference) policy's."""
-        ro = ctx.rollout
-        n = ro.completion_ids.shape[0]
-        fresh = role != "old" and not self.cfg.share_masks_with_old
-        return mask_seeds(ctx.run_seed, ro.rollout_id, n, ctx.inner_iter + (_FRESH_MASKS if fresh else 0),
-                          ro.shard.offset)
-
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro, c = ctx.rollout, self.cfg
-        data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
-        s = self.likelihood.sample(forward, *data, self.seeds(ctx, role))
+        data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask)
+        s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role))
         elbo = self.likelihood.reduce(s)  # (n,)
         surrogate = None
         if role == "policy" and c.surrogate == "spg_mix":

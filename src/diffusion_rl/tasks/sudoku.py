@@ -118,12 +118,18 @@ def make_puzzle(solution: str, rng: random.Random, min_givens: int, max_givens: 
     return "".join(cells)
 
 
-def split_grids(seed: int, test_fraction: float) -> tuple[list[str], list[str]]:
-    """Seeded split of the 288 grids into disjoint ``(train, test)`` lists, each sorted."""
+def split_grids(seed: int, test_fraction: float, val_fraction: float = 0.0) -> tuple[list[str], list[str], list[str]]:
+    """Seeded split of the 288 grids into disjoint ``(train, validation, test)`` lists, each sorted.
+
+    The test grids depend on ``test_fraction`` only (the first of the shuffled grids), so adding a
+    validation split leaves the test set unchanged.
+    """
     grids = all_solution_grids()
     random.Random(f"sudoku/split/{seed}").shuffle(grids)
     n_test = min(len(grids) - 1, max(1, round(test_fraction * len(grids))))
-    return sorted(grids[n_test:]), sorted(grids[:n_test])
+    n_val = min(len(grids) - n_test - 1, round(val_fraction * len(grids)))
+    test, val, train = grids[:n_test], grids[n_test:n_test + n_val], grids[n_test + n_val:]
+    return sorted(train), sorted(val), sorted(test)
 
 
 
@@ -174,6 +180,7 @@ class SudokuConfig(TaskConfig):
     min_givens: int = 4
     max_givens: int = 10
     test_fraction: float = 0.2  # share of the 288 grids held out (generated test set)
+    val_fraction: float = 0.1  # share of the grids held out for validation (never trained on)
 
     def validate(self) -> None:
         super().validate()
@@ -189,6 +196,9 @@ class SudokuConfig(TaskConfig):
             )
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError("task.test_fraction", self.test_fraction, "must be in (0, 1)")
+        if not 0.0 <= self.val_fraction < 1.0 - self.test_fraction:
+            raise ConfigError("task.val_fraction", self.val_fraction,
+                              f"must be in [0, 1 - task.test_fraction={self.test_fraction})")
 
 
 @TASKS.register("sudoku")
@@ -202,11 +212,14 @@ class SudokuTask(Task):
     def _csv_items(self) -> list[dict[str, str]] | None:
         return load_sudoku_csv(self.cfg.data_path) if self.cfg.data_path else None
 
+    def _grids(self) -> tuple[list[str], list[str], list[str]]:
+        return split_grids(self.cfg.seed, self.cfg.test_fraction, self.cfg.val_fraction)
+
     def train_grids(self) -> list[str]:
-        """Grids training puzzles come from: never a grid of the test set."""
+        """Grids training puzzles come from: never a grid of the test or validation set."""
         if self._csv_items is None:
-            return split_grids(self.cfg.seed, self.cfg.test_fraction)[0]
-        held_out = {it["solution"] for it in self._csv_items}
+            return self._grids()[0]
+        held_out = {it["solution"] for it in self._csv_items} | set(self._grids()[1])
         grids = [g for g in all_solution_grids() if g not in held_out]
         if not grids:
             raise ConfigError(
@@ -231,17 +244,45 @@ class SudokuTask(Task):
     def test_items(self) -> list[dict[str, Any]]:
         if self._csv_items is not None:
             return [dict(it) for it in self._csv_items[: self.cfg.num_test]]
+        return self._held_out(self._grids()[2], self.cfg.num_test, "test")
+
+    def validation_items(self) -> list[dict[str, Any]]:
+        """Puzzles of the validation grids (none of them a training or test grid)."""
+        held_out = {it["solution"] for it in self._csv_items} if self._csv_items is not None else set()
+        grids = [g for g in self._grids()[1] if g not in held_out]
+        if not grids:
+            raise ConfigError("task.val_fraction", self.cfg.val_fraction, "leaves no validation grid; use > 0")
+        return self._held_out(grids, self.cfg.num_val, "validation")
+
+    def _held_out(self, grids: list[str], n: int, split: str) -> list[dict[str, Any]]:
         cfg = self.cfg
-        grids = split_grids(cfg.seed, cfg.test_fraction)[1]
-        rng = random.Random(f"sudoku/test/{cfg.seed}")  # independent of the training stream
+        rng = random.Random(f"sudoku/{split}/{cfg.seed}")  # independent of the training stream
         seen: dict[str, str] = {}
         # Distinct puzzles where possible; a tiny grid set / givens range may allow fewer.
-        for _ in range(50 * cfg.num_test):
-            if len(seen) == cfg.num_test:
+        for _ in range(50 * n):
+            if len(seen) == n:
                 break
             grid = rng.choice(grids)
             seen.setdefault(make_puzzle(grid, rng, cfg.min_givens, cfg.max_givens), grid)
         return [{"puzzle": p, "solution": s} for p, s in seen.items()]
+
+    def reward_token_mask(self, item: dict[str, Any], tokens: list[str]) -> list[bool]:
+        """The reward reads the digits of the answer (the last ``<answer>`` block, else the whole
+        completion) as cells: a token that is a single digit landing on a given cell is ignored
+        (another digit there changes nothing); every other token counts (a missing or extra digit
+        shifts the cells after it)."""
+        text = "".join(tokens)
+        start = text.rfind("<answer>")
+        start = start + len("<answer>") if start >= 0 else 0
+        out, cell, pos = [], 0, 0
+        for tok in tokens:
+            in_answer = pos >= start
+            digits = sum(c in DIGITS for c in tok) if in_answer else 0
+            given = digits == 1 and len(tok) == 1 and cell < N_CELLS and item["puzzle"][cell] != "0"
+            out.append(not given)
+            cell += digits
+            pos += len(tok)
+        return out
 
     def prompt(self, item: dict[str, Any]) -> str:
         return f"{item['puzzle']}="
