@@ -400,3 +400,10 @@ def test_selection_experiment_sweeps_selectors_and_seeds_with_egspo_defaults(tmp
     params = full.hydra.sweeper.params
     assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform"}
     assert len(params["seed"].split(",")) >= 2
+
+
+def test_low_entropy_selector_is_the_mirror_of_entropy():
+    H = torch.tensor([[0.1, 0.9, 0.3, 0.8, 0.2, 0.7]])
+    assert SELECTORS.get("low_entropy")(H, 3).tolist() == [[0, 4, 2]]
+    assert SELECTORS.get("low_entropy")(H, 2, steps_up_to(torch.tensor([1]), 6)).tolist() == [[0, 1]]
+    assert SELECTORS.get("low_entropy")(H, 3, steps_up_to(torch.tensor([0]), 6)).tolist() == [[0, -1, -1]]

@@ -7,7 +7,7 @@ import random
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from diffusion_rl.errors import ConfigError
@@ -371,3 +371,16 @@ def test_reward_token_mask_marks_the_digits_of_empty_cells():
     # and the reward really ignores those tokens: changing a given cell's digit keeps the reward
     changed = "".join(d if e else ("4" if d != "4" else "1") for d, e in zip(GRID, empty, strict=True))
     assert task.rewards([GRID, changed], [item, item]).tolist() == [1.0, 1.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789 x<>/answer", max_size=40), st.sampled_from(all_solution_grids()),
+       st.integers(0, 2**16 - 1))
+def test_token_rewards_sum_to_the_reward(text, grid, blank_bits):
+    """Per-cell credit splits the reward exactly, whatever the completion (one token per character),
+    for every puzzle with an empty cell (one without scores 1 whatever is written: nothing to split)."""
+    assume(blank_bits != 0)
+    puzzle = "".join("0" if blank_bits >> i & 1 else c for i, c in enumerate(grid))
+    item = {"puzzle": puzzle, "solution": grid}
+    task = SudokuTask(SudokuConfig())
+    assert sum(task.token_rewards(item, list(text))) == pytest.approx(float(task.rewards([text], [item])[0]), abs=1e-6)

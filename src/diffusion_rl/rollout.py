@@ -101,7 +101,9 @@ class RolloutEngine:
             metrics.update(step_metrics)
         rewards = rewards.to(device)
         all_rewards = shard.gather(rewards)  # (N,): a group may span processes
-        values = valid = None
+        values = valid = token_rewards = None
+        if self.advantage.needs_token_rewards:  # each token's own share of its completion's reward
+            token_rewards = shard.gather(self._per_token(completion, group_items, self.task.token_rewards, 0.0))
         if self.advantage.needs_values:  # the greedy one-step completions at the selected steps
             assert traj is not None and steps is not None
             greedy, greedy_rows = self._greedy_completions(traj, steps, completion)
@@ -112,7 +114,7 @@ class RolloutEngine:
             values_of[valid] = greedy_rewards.to(values_of)
             values, valid = shard.gather(values_of), shard.gather(valid)
         metrics["time/score_s"] = time.perf_counter() - t_score
-        adv, adv_metrics = self.advantage(all_rewards, G, values, valid)
+        adv, adv_metrics = self.advantage(all_rewards, G, values, valid, token_rewards)
         metrics.update(adv_metrics)
         t_roll = time.perf_counter() - t0
         group_std = all_rewards.view(-1, G).std(-1)
@@ -136,7 +138,8 @@ class RolloutEngine:
             completion_mask=comp_mask, texts=texts, items=group_items, rewards=rewards, all_rewards=all_rewards,
             reward_components=components, advantages=adv[shard.rows(adv.shape[0])], shard=shard,
             trajectory=traj, selected_steps=steps, metrics=metrics,
-            loss_mask=self._loss_mask(completion, group_items) if self.task.cfg.loss_mask == "reward" else None,
+            loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
+                       if self.task.cfg.loss_mask == "reward" else None),
         )
 
     def _keep_groups(self, rewards: torch.Tensor, G: int, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
@@ -153,15 +156,15 @@ class RolloutEngine:
         return keep, {"train/frac_zero_std_groups": float(stats[0] / stats[1]),  # of every group drawn
                       "rollout/kept_zero_std_frac": float((~spread[order]).float().mean())}
 
-    def _loss_mask(self, completion: torch.Tensor, items: list[dict[str, Any]]) -> torch.Tensor:
-        """(n, L) float: 1 for the tokens the task's reward reads (``task.loss_mask=reward``)."""
-        out = torch.ones(completion.shape, dtype=torch.float32, device=completion.device)
+    def _per_token(self, completion: torch.Tensor, items: list[dict[str, Any]], fn, default: float) -> torch.Tensor:
+        """(n, L) float of a task's per-token function of the decoded tokens (``reward_token_mask``,
+        ``token_rewards``); ``default`` where the task returns None."""
+        out = torch.full(completion.shape, default, dtype=torch.float32, device=completion.device)
         tok = self.bundle.tokenizer
         for b, (row, item) in enumerate(zip(completion.tolist(), items)):
-            pieces = tok.batch_decode([[t] for t in row])  # each token's text, in order
-            keep = self.task.reward_token_mask(item, pieces)
-            if keep is not None:
-                out[b] = torch.tensor(keep, dtype=torch.float32)
+            values = fn(item, tok.batch_decode([[t] for t in row]))  # each token's text, in order
+            if values is not None:
+                out[b] = torch.tensor([float(v) for v in values], dtype=torch.float32)
         return out
 
     def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,

@@ -115,6 +115,11 @@ class Task(ABC):
         ``task.loss_mask=reward``; None: all of them (the default for tasks that do not say)."""
         return None
 
+    def token_rewards(self, item: dict[str, Any], tokens: list[str]) -> list[float] | None:
+        """The reward earned by each completion token, summing to the completion's reward, for
+        ``advantage=per_token``; None: the reward does not split over tokens (the default)."""
+        return None
+
     @abstractmethod
     def prompt(self, item: dict[str, Any]) -> str:
         """The text the model is conditioned on."""

@@ -38,6 +38,29 @@ _PEERS: tuple[frozenset[int], ...] = tuple(
 )
 
 
+# ---- the answer's cells, token by token -----------------------------------------------------------
+def answer_cells(tokens: list[str]) -> list[list[tuple[int, str]]]:
+    """The ``(cell, digit)`` pairs each token supplies, as the reward reads them: the ASCII digits of
+    the last ``<answer>`` block (else of the whole text), in order, cells 0-15; tokens outside that
+    block supply none."""
+    text = "".join(tokens)
+    start = text.rfind("<answer>")
+    start = start + len("<answer>") if start >= 0 else 0
+    end = text.find("</answer>", start) if start else -1
+    end = end if end >= 0 else len(text)
+    out, cell, pos = [], 0, 0
+    for tok in tokens:
+        pairs = []
+        for offset, ch in enumerate(tok):
+            if ch in DIGITS and start <= pos + offset < end:
+                if cell < N_CELLS:
+                    pairs.append((cell, ch))
+                cell += 1
+        out.append(pairs)
+        pos += len(tok)
+    return out
+
+
 # ---- grids and puzzles -------------------------------------------------------------------------
 @functools.cache
 def _all_grids() -> tuple[str, ...]:
@@ -267,22 +290,20 @@ class SudokuTask(Task):
         return [{"puzzle": p, "solution": s} for p, s in seen.items()]
 
     def reward_token_mask(self, item: dict[str, Any], tokens: list[str]) -> list[bool]:
-        """The reward reads the digits of the answer (the last ``<answer>`` block, else the whole
-        completion) as cells: a token that is a single digit landing on a given cell is ignored
-        (another digit there changes nothing); every other token counts (a missing or extra digit
-        shifts the cells after it)."""
-        text = "".join(tokens)
-        start = text.rfind("<answer>")
-        start = start + len("<answer>") if start >= 0 else 0
-        out, cell, pos = [], 0, 0
-        for tok in tokens:
-            in_answer = pos >= start
-            digits = sum(c in DIGITS for c in tok) if in_answer else 0
-            given = digits == 1 and len(tok) == 1 and cell < N_CELLS and item["puzzle"][cell] != "0"
-            out.append(not given)
-            cell += digits
-            pos += len(tok)
-        return out
+        """The reward reads the digits of the answer as cells: a token that is one digit landing on a
+        given cell is ignored (another digit there changes nothing); every other token counts (a
+        missing or extra digit shifts the cells after it)."""
+        puzzle = item["puzzle"]
+        return [not (len(tok) == 1 and len(pairs) == 1 and puzzle[pairs[0][0]] != "0")
+                for tok, pairs in zip(tokens, answer_cells(tokens), strict=True)]
+
+    def token_rewards(self, item: dict[str, Any], tokens: list[str]) -> list[float]:
+        """Each token earns ``1 / (number of empty cells)`` per empty cell it fills with the solution's
+        digit: the sum over tokens is the cell reward (a puzzle with no empty cell scores 1 whatever
+        is written, and no token earns anything)."""
+        puzzle, solution = item["puzzle"], item["solution"]
+        empty = sum(c == "0" for c in puzzle) or 1
+        return [sum(puzzle[k] == "0" and d == solution[k] for k, d in pairs) / empty for pairs in answer_cells(tokens)]
 
     def prompt(self, item: dict[str, Any]) -> str:
         return f"{item['puzzle']}="
