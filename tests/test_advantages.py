@@ -95,11 +95,12 @@ def test_per_token_credit_hand_computed():
     rewards = torch.tensor([1.0, 0.5])  # one group of G = 2
     token_rewards = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.0]])  # each row sums to its reward
     adv, m = estimator("per_token")(rewards, 2, token_rewards=token_rewards)
-    scale = torch.tensor([1.0, 0.5]).std().item() + 1e-4
+    scale = torch.tensor([0.5, 0.0]).std().item() + 1e-4  # position 0: one sample earned, one did not
     assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]]) / scale)
     assert m["advantage/credited_token_frac"] == pytest.approx(3 / 6)
-    # summed over a sample's tokens it is the sequence's centred reward: the same total signal, split
-    seq, _ = estimator("group_std")(rewards, 2)
-    assert torch.allclose(adv.sum(-1), seq, atol=1e-6)
+    # unscaled, a sample's token advantages add up to its centred reward: the same signal, split
+    centred = adv * scale
+    seq, _ = estimator("group")(rewards, 2)
+    assert torch.allclose(centred.sum(-1), seq, atol=1e-4)
     with pytest.raises(ValueError, match="token"):
         estimator("per_token")(rewards, 2)

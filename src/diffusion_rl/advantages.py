@@ -7,13 +7,14 @@ the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``
 - ``group``:     ``A_j = r_j - mean_G(r)``                       (SPEC §4; Dr. GRPO's unscaled form)
 - ``group_std``: ``A_j = (r_j - mean_G(r)) / (std_G(r) + eps)``  (d1 / TRL's default; the unbiased std)
 - ``loo``:       ``A_j = r_j - mean_{k != j} r_k = G / (G - 1) (r_j - mean_G(r))``   (RLOO)
-- ``per_token``: per-cell credit. With ``r_ji`` the reward token ``i`` of sample ``j`` earned itself
-  (``Task.token_rewards``, summing to ``r_j``), ``A_ji = (r_ji - mean_G(r_.i)) / (std_G(r) + eps)``:
-  each token is compared with the group's tokens at its position, scaled as ``group_std``. For a
-  policy that draws the tokens independently given the prompt (d1's one-step view) this is an
-  unbiased, lower-variance policy gradient of the same reward; under the iterative sampler it ignores
-  how a token changes the distribution of the others. Tokens that earn nothing themselves (a Sudoku
-  given, EOS) get no advantage: anchor them with the KL term.
+- ``per_token``: per-cell credit, GRPO's group normalisation applied to each token position. With
+  ``r_ji`` the reward token ``i`` of sample ``j`` earned itself (``Task.token_rewards``, summing to
+  ``r_j``), ``A_ji = (r_ji - mean_G(r_.i)) / (std_G(r_.i) + eps)``: each token is compared with the
+  group's tokens at its position. For a policy that draws the tokens independently given the prompt
+  (d1's one-step view) the centred credit is an unbiased, lower-variance policy gradient of the same
+  reward; under the iterative sampler it ignores how a token changes the distribution of the others.
+  A position whose tokens all earned the same (a Sudoku given, EOS, a cell every sample got right)
+  gets no advantage: anchor what must not drift with the KL term.
 - ``stepwise``:  EGSPO-SA (SPEC §4). With ``V_jk`` the reward of the greedy one-step completion at
   sample ``j``'s ``k``-th selected step, ``R_jk = (1 + lam) r_j - lam V_jk`` (``/ (1 + lam)`` when
   ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k`` (``/ (std + eps)`` when
@@ -129,8 +130,8 @@ class PerTokenAdvantage(AdvantageEstimator):
             raise ValueError("advantage=per_token needs each token's reward (N, L)")
         G = group_size
         tr = token_rewards.float().view(-1, G, token_rewards.shape[-1])  # (N/G, G, L)
-        scale = rewards.float().view(-1, G).std(-1)[:, None, None] + self.cfg.eps  # (N/G, 1, 1)
-        adv = ((tr - tr.mean(1, keepdim=True)) / scale).reshape(token_rewards.shape)  # (N, L)
+        adv = (tr - tr.mean(1, keepdim=True)) / (tr.std(1, keepdim=True) + self.cfg.eps)  # (N/G, G, L)
+        adv = adv.reshape(token_rewards.shape)  # (N, L)
         return adv, {"advantage/credited_token_frac": float((token_rewards != 0).float().mean())}
 
 
