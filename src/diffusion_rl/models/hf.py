@@ -166,9 +166,13 @@ def check_model_type(src: str, local: bool) -> None:
 
     raw = json.loads((Path(src) / "config.json").read_text())
     kind = raw.get("model_type")
-    if kind not in NATIVE and kind not in CONFIG_MAPPING and "auto_map" not in raw:
-        raise ConfigError("model.path", src, f"config.json has model_type {kind!r}: neither a native architecture "
-                          f"({', '.join(sorted(NATIVE))}) nor one transformers knows")
+    if kind in NATIVE or kind in CONFIG_MAPPING:
+        return
+    unknown = f"config.json has model_type {kind!r}: neither a native architecture ({', '.join(sorted(NATIVE))}) nor one transformers knows"
+    if "auto_map" in raw:  # it ships its own code
+        raise ConfigError("model.trust_remote_code", False,
+                          f"{src}: {unknown}; its own code runs only with model.impl=remote model.trust_remote_code=true")
+    raise ConfigError("model.path", src, unknown)
 
 
 @MODELS.register("hf")
