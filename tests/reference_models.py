@@ -134,11 +134,13 @@ def checkpoint_tensors(folder) -> dict[str, torch.Tensor]:
 
 def released_model(arch: str, folder, tmp_path):
     """The released modelling code of ``arch`` run on the checkpoint in ``folder`` (fp32), when
-    ``DIFFUSION_RL_REMOTE_CODE_DIR/<arch>/`` holds the released ``*.py`` files; else the test is skipped.
+    ``DIFFUSION_RL_REMOTE_CODE_DIR/<arch>/`` holds the released ``*.py`` files (and, for Dream,
+    ``generation_config.json``); else the test is skipped.
 
     The code is copied next to a copy of the checkpoint and loaded with ``trust_remote_code=True``,
-    through the same ``post_init`` shim ``model.impl=remote`` uses. Code that cannot load under the
-    installed transformers skips the test with the reason.
+    through the same ``post_init`` shim ``model.impl=remote`` uses, with a ``"default"`` RoPE entry
+    put back for the duration (transformers 5 dropped it; 4.x-era code looks it up). Code that still
+    cannot load under the installed transformers skips the test with the reason.
     """
     import os
     import shutil
@@ -154,17 +156,42 @@ def released_model(arch: str, folder, tmp_path):
         pytest.skip(f"no released modelling file in {code}")
     dst = Path(tmp_path) / f"released_{arch}"
     shutil.copytree(folder, dst)
-    for f in code.glob("*.py"):
+    for f in [*code.glob("*.py"), *code.glob("generation_config.json")]:  # Dream's code reads the latter
         shutil.copy(f, dst / f.name)
     import transformers
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
     from diffusion_rl.models.hf import post_init_shim
 
-    config = transformers.AutoConfig.from_pretrained(dst, trust_remote_code=True)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # released code registers its classes under our model_type when imported: put ours back afterwards
+    mappings = [CONFIG_MAPPING] + [getattr(transformers, n)._model_mapping for n in ("AutoModel", "AutoModelForCausalLM")]
+    saved = [dict(m._extra_content) for m in mappings]
     name = "AutoModelForCausalLM" if arch == "sdar" else "AutoModel"
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    added_default = "default" not in ROPE_INIT_FUNCTIONS  # transformers 5 dropped the key 4.x-era code looks up
+    if added_default:
+        def default_rope(config, device=None, **_):
+            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            inv = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float().to(device) / dim)
+            return inv, 1.0
+
+        ROPE_INIT_FUNCTIONS["default"] = default_rope
     try:
+        config = transformers.AutoConfig.from_pretrained(dst, trust_remote_code=True)
         cls = post_init_shim(get_class_from_dynamic_module(config.auto_map[name], str(dst)))
-        return cls.from_pretrained(dst, config=config, dtype=torch.float32).eval()
+        model = cls(config).float()  # built and filled by hand: from_pretrained also runs their generation code
+        missing, unexpected = model.load_state_dict(checkpoint_tensors(dst), strict=False)
+        if [k for k in missing if "rotary" not in k] or unexpected:
+            raise AssertionError(f"released {arch} class: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        return model.eval()
     except Exception as err:  # noqa: BLE001 - any failure of third-party code under this transformers
         pytest.skip(f"the released {arch} code does not load here: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    finally:
+        if added_default:
+            del ROPE_INIT_FUNCTIONS["default"]
+        for m, content in zip(mappings, saved):
+            m._extra_content.clear()
+            m._extra_content.update(content)

@@ -37,7 +37,7 @@ LLADA = {
     "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32,
     "n_layers": 32, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05,
     "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464,
+    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464,
     "weight_tying": False,
 }
 DREAM = {
@@ -82,8 +82,7 @@ SPECIALS = {
     "sdar": {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151669: "<|MASK|>"},
 }
 ROLES = {  # which special is which, as in each tokenizer_config.json
-    "llada": {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-              "mask_token": "<|mdm_mask|>"},
+    "llada": {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},  # mask: config.json
     "dream": {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
               "mask_token": "<|mask|>"},
     "sdar": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"},
