@@ -260,7 +260,8 @@ def main() -> None:
     sizes = TINY if args.tiny else ONE_B
     peak = peak_tflops(device, args.peak_tflops)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device: {name}, {dtype}, peak {'%.0f TFLOP/s' % peak if peak else 'unknown (MFU n/a; give --peak-tflops)'}")
+    shown = f"{peak:.0f} TFLOP/s" if peak else "unknown (MFU n/a; give --peak-tflops)"
+    print(f"device: {name}, {dtype}, bf16 peak {shown}")
     print(f"batch {args.batch} x (prompt {args.prompt_len} + {args.gen_length} generated), {args.steps} sampler steps")
     print("| arch | params | sampler tokens/s | sampler peak mem | update | s/update | FLOP/update | MFU | peak mem |")
     print("|---|---|---|---|---|---|---|---|---|")

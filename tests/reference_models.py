@@ -65,7 +65,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 def llada_forward(sd: dict, cfg: dict, ids: torch.Tensor, allowed, positions) -> torch.Tensor:
     """LLaDA: ``h = x + attn_out(attn(attn_norm(x)))``; ``x = h + ff_out(silu(ff_proj(n)) * up_proj(n))``."""
-    d, heads = cfg["d_model"], cfg["n_heads"]
+    heads = cfg["n_heads"]
     kv_heads = cfg["n_kv_heads"] or heads
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     x = sd["model.transformer.wte.weight"][ids]
@@ -160,10 +160,9 @@ def released_model(arch: str, folder, tmp_path):
         shutil.copy(f, dst / f.name)
     import transformers
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from diffusion_rl.models.hf import post_init_shim
-
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     # released code registers its classes under our model_type when imported: put ours back afterwards
     mappings = [CONFIG_MAPPING] + [getattr(transformers, n)._model_mapping for n in ("AutoModel", "AutoModelForCausalLM")]

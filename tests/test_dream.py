@@ -78,20 +78,20 @@ def test_sampler_fills_the_first_mask_from_the_last_prompt_token(ckpt):
 
 
 def test_cache_carries_the_prediction_of_the_first_new_token(ckpt):
+    """The cache returned with use_cache=True holds the raw logits of its last position (they predict
+    the first new token); a cache without them is refused. (That cached and full forwards agree is
+    tests/test_native.py's prefix-cache test, Dream included.)"""
     folder, cfg, sd, bundle = ckpt
     net = bundle.net
     ids, keep = batch(cfg["vocab_size"], L=9)
-    P = 5
-    i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
-    allowed = (((j < P) | (i >= P))[None] & keep.bool()[:, None, :]) | (i == j)  # the prefix does not see the rest
-    pos = (keep.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        full = net(input_ids=ids, attention_mask=allowed[:, None], position_ids=pos).logits
-        pre = net(input_ids=ids[:, :P], attention_mask=keep[:, :P], use_cache=True)
-        rest = net(input_ids=ids[:, P:], attention_mask=keep, past_key_values=pre.past_key_values).logits
-        torch.testing.assert_close(rest, full[:, P:], atol=1e-5, rtol=1e-5)
-        with pytest.raises(ValueError, match="next_logits"):  # a cache without them cannot give position P
-            net(input_ids=ids[:, P:], attention_mask=keep, past_key_values=list(pre.past_key_values))
+        pre = net(input_ids=ids[:, :5], attention_mask=keep[:, :5], use_cache=True)
+        raw = net.model(ids[:, :5], attention_mask=keep[:, :5]).logits
+        torch.testing.assert_close(pre.past_key_values.next_logits, raw[:, -1])
+        rest = net(input_ids=ids[:, 5:], attention_mask=keep, past_key_values=pre.past_key_values).logits
+        torch.testing.assert_close(rest[:, 0], raw[:, -1])
+        with pytest.raises(ValueError, match="next_logits"):
+            net(input_ids=ids[:, 5:], attention_mask=keep, past_key_values=list(pre.past_key_values))
 
 
 def test_matches_the_released_modelling_code(ckpt, tmp_path):

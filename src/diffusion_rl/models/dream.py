@@ -27,10 +27,8 @@ from diffusion_rl.models.layers import QwenDecoderLayer, RMSNorm
 from diffusion_rl.models.native import NativeLM, register_native, unsupported
 
 
-class DreamConfig(PreTrainedConfig):
-    """The fields of the released ``config.json``; defaults are Dream-v0-Instruct-7B's."""
-
-    model_type = "Dream"
+class QwenConfig(PreTrainedConfig):
+    """The Qwen2 / Qwen3 ``config.json`` fields Dream and SDAR share; defaults are Dream-v0-Instruct-7B's."""
 
     vocab_size: int = 152064
     hidden_size: int = 3584
@@ -53,6 +51,12 @@ class DreamConfig(PreTrainedConfig):
     pad_token_id: int | None = 151643
     bos_token_id: int | None = 151643
     eos_token_id: int | None = 151643
+
+
+class DreamConfig(QwenConfig):
+    """Dream's ``config.json`` (``model_type: Dream``)."""
+
+    model_type = "Dream"
 
 
 class QwenBody(nn.Module):

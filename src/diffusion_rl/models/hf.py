@@ -279,7 +279,7 @@ def load_weights(cls, src: str, config: Any, cfg: ModelConfig, common: dict[str,
     return _load("weights", shimmed.from_pretrained, cfg, src, config=config, **common, **kwargs)
 
 
-def post_init_shim(remote_cls: type) -> type:
+def post_init_shim(remote_cls: Any) -> Any:
     """``remote_cls`` with ``post_init()`` after ``__init__`` and a ``tie_weights`` that takes the
     arguments transformers 5 passes (4.x-era code defines ``tie_weights(self)``)."""
 

@@ -16,14 +16,12 @@ positions come as a boolean 4D mask from our staircase estimator (SPEC §3).
 
 from __future__ import annotations
 
-from transformers import PreTrainedConfig
-
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.models.dream import QwenStyleLM
+from diffusion_rl.models.dream import QwenConfig, QwenStyleLM
 from diffusion_rl.models.native import register_native, unsupported
 
 
-class SDARConfig(PreTrainedConfig):
+class SDARConfig(QwenConfig):
     """The fields of the released ``config.json``; defaults are SDAR-8B-Chat's (Qwen3-8B shape)."""
 
     model_type = "sdar"
@@ -35,18 +33,9 @@ class SDARConfig(PreTrainedConfig):
     num_attention_heads: int = 32
     num_key_value_heads: int = 8
     head_dim: int = 128
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 32768
-    initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1000000.0
-    attention_bias: bool = False
-    tie_word_embeddings: bool = False
-    use_sliding_window: bool = False
-    sliding_window: int | None = None
+    max_position_embeddings: int = 40960
     max_window_layers: int | None = 36
-    attention_dropout: float = 0.0
-    use_cache: bool = False
+    attention_bias: bool = False
     block_size: int | None = None  # must come from config.json (released: 4)
     mask_token_id: int | None = None  # released: 151669 (<|MASK|>)
     pad_token_id: int | None = None
