@@ -97,17 +97,21 @@ def params(cls, config) -> tuple[int, int]:
 
 
 def memory_table() -> None:
-    """Weights and training state from parameter counts (bf16 weights, fp32 AdamW state and grads for
-    what trains); activations come on top and depend on batch and length."""
-    print("| preset | parameters | bf16 weights | + LoRA r=128 training state | full fine-tuning state |")
-    print("|---|---|---|---|---|")
+    """Weights and training state from parameter counts (no run): bf16 weights; LoRA adapters in fp32
+    (peft's default) with fp32 gradients and AdamW moments (16 B / adapter parameter); full fine-tuning
+    with fp32 weights, gradients and AdamW moments (16 B / parameter, the README's FSDP recipe).
+    Activations come on top; the largest is the fp32 logits and their gradient, 8 B x vocabulary per
+    scored token."""
+    gib = 2**30
+    print("| preset | parameters | LoRA r=128 params | bf16 weights | LoRA training: weights + adapter state "
+          "| full fine-tuning state (fp32) | fp32 logits + grad per 1k tokens |")
+    print("|---|---|---|---|---|---|---|")
     for name, (cls, config) in RELEASED.items():
         n, _ = params(cls, config)
         lora = lora_params(cls, config, 128)
-        gib = 2**30
-        # full fine-tuning: bf16 weights + fp32 master copy + fp32 grads + 2 fp32 Adam moments = 18 B / param
-        print(f"| {name} | {n / 1e9:.2f} B | {2 * n / gib:.1f} GiB | {(2 * n + 16 * lora) / gib:.1f} GiB "
-              f"(+{lora / 1e6:.0f} M adapter params) | {18 * n / gib:.0f} GiB |")
+        vocab = (getattr(config, "embedding_size", None) or config.vocab_size)
+        print(f"| {name} | {n / 1e9:.2f} B | {lora / 1e6:.0f} M | {2 * n / gib:.1f} GiB | {(2 * n + 16 * lora) / gib:.1f} GiB "
+              f"| {16 * n / gib:.0f} GiB | {1000 * vocab * 8 / gib:.2f} GiB |")
 
 
 def lora_params(cls, config, r: int) -> int:
