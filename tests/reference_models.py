@@ -9,6 +9,7 @@ positions as a list of lists, so each test states the masking rule it expects in
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -142,6 +143,7 @@ def released_model(arch: str, folder, tmp_path):
     put back for the duration (transformers 5 dropped it; 4.x-era code looks it up). Code that still
     cannot load under the installed transformers skips the test with the reason.
     """
+    import json
     import os
     import shutil
     from pathlib import Path
@@ -158,20 +160,49 @@ def released_model(arch: str, folder, tmp_path):
     shutil.copytree(folder, dst)
     for f in [*code.glob("*.py"), *code.glob("generation_config.json")]:  # Dream's code reads the latter
         shutil.copy(f, dst / f.name)
-    import transformers
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from diffusion_rl.models.hf import post_init_shim
 
-    # released code registers its classes under our model_type when imported: put ours back afterwards
+    name = "AutoModelForCausalLM" if arch == "sdar" else "AutoModel"
+    try:
+        with auto_registries_restored(), rope_default_restored():
+            auto_map = json.loads((dst / "config.json").read_text())["auto_map"]
+            config = get_class_from_dynamic_module(auto_map["AutoConfig"], str(dst)).from_pretrained(dst)
+            config.use_cache = False  # transformers 5 no longer keeps it on configs; 4.x-era code reads it
+            cls = post_init_shim(get_class_from_dynamic_module(auto_map[name], str(dst)))
+            model = cls(config).float()  # built and filled by hand: from_pretrained also runs their generation code
+        missing, unexpected = model.load_state_dict(checkpoint_tensors(dst), strict=False)
+        if [k for k in missing if "rotary" not in k] or unexpected:
+            raise AssertionError(f"released {arch} class: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        return model.eval()
+    except Exception as err:  # noqa: BLE001 - any failure of third-party code under this transformers
+        pytest.skip(f"the released {arch} code does not load here: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+
+
+@contextlib.contextmanager
+def auto_registries_restored():
+    """Released code registers its classes under our model_type when imported: put ours back after."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     mappings = [CONFIG_MAPPING] + [getattr(transformers, n)._model_mapping for n in ("AutoModel", "AutoModelForCausalLM")]
     saved = [dict(m._extra_content) for m in mappings]
-    name = "AutoModelForCausalLM" if arch == "sdar" else "AutoModel"
+    try:
+        yield
+    finally:
+        for m, content in zip(mappings, saved):
+            m._extra_content.clear()
+            m._extra_content.update(content)
+
+
+@contextlib.contextmanager
+def rope_default_restored():
+    """The ``"default"`` RoPE initialiser 4.x-era code looks up (transformers 5 dropped it), meanwhile."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    added_default = "default" not in ROPE_INIT_FUNCTIONS  # transformers 5 dropped the key 4.x-era code looks up
-    if added_default:
+    added = "default" not in ROPE_INIT_FUNCTIONS
+    if added:
         def default_rope(config, device=None, **_):
             dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             inv = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float().to(device) / dim)
@@ -179,18 +210,7 @@ def released_model(arch: str, folder, tmp_path):
 
         ROPE_INIT_FUNCTIONS["default"] = default_rope
     try:
-        config = transformers.AutoConfig.from_pretrained(dst, trust_remote_code=True)
-        cls = post_init_shim(get_class_from_dynamic_module(config.auto_map[name], str(dst)))
-        model = cls(config).float()  # built and filled by hand: from_pretrained also runs their generation code
-        missing, unexpected = model.load_state_dict(checkpoint_tensors(dst), strict=False)
-        if [k for k in missing if "rotary" not in k] or unexpected:
-            raise AssertionError(f"released {arch} class: missing {missing[:3]}, unexpected {unexpected[:3]}")
-        return model.eval()
-    except Exception as err:  # noqa: BLE001 - any failure of third-party code under this transformers
-        pytest.skip(f"the released {arch} code does not load here: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        yield
     finally:
-        if added_default:
+        if added:
             del ROPE_INIT_FUNCTIONS["default"]
-        for m, content in zip(mappings, saved):
-            m._extra_content.clear()
-            m._extra_content.update(content)

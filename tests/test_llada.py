@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from diffusion_rl.models.build import build_policy, discover_models
+from diffusion_rl.models.llada import LLaDAModelLM
 from diffusion_rl.models.policy import ModelConfig, logits_fn
 
-from .reference_models import checkpoint_tensors, llada_forward, padded_positions, released_model
+from .reference_models import (
+    auto_registries_restored,
+    checkpoint_tensors,
+    llada_forward,
+    padded_positions,
+    released_model,
+)
 from .released_layouts import write_checkpoint
 
 
@@ -83,5 +90,12 @@ def test_matches_the_released_modelling_code(ckpt, tmp_path):
     released = released_model("llada", folder, tmp_path)
     ids, keep = batch(cfg["vocab_size"])
     with torch.no_grad():
-        torch.testing.assert_close(model(folder)(ids, attention_mask=keep).logits,
-                                   released(input_ids=ids, attention_mask=keep).logits, atol=1e-5, rtol=1e-5)
+        ours = model(folder)(ids, attention_mask=keep).logits
+        torch.testing.assert_close(ours, released(input_ids=ids, attention_mask=keep).logits, atol=1e-5, rtol=1e-5)
+    with auto_registries_restored():  # and through model.impl=remote, its post_init shim included
+        remote = build_policy(ModelConfig(name="hf", path=str(tmp_path / "released_llada"), impl="remote",
+                                          trust_remote_code=True, attention="native"))
+    mro = type(remote.net.model).__mro__  # their class (under the shim), not ours
+    assert mro[1].__module__.startswith("transformers_modules") and not any(c is LLaDAModelLM for c in mro)
+    with torch.no_grad():
+        torch.testing.assert_close(logits_fn(remote.net.eval())(ids, keep), ours, atol=1e-5, rtol=1e-5)

@@ -35,7 +35,6 @@ Training options (dtype, LoRA, activation checkpointing) are applied afterwards 
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import re
 from pathlib import Path
@@ -158,13 +157,10 @@ def _special_id(cfg_value: int | None, *candidates: Any) -> int | None:
     return None
 
 
-def check_model_type(src: str, local: bool) -> None:
-    """One line naming a local folder's ``model_type`` that neither we nor transformers implement."""
-    if not local:
-        return
+def check_model_type(raw: dict[str, Any], src: str) -> None:
+    """One line naming a ``config.json``'s ``model_type`` that neither we nor transformers implement."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    raw = json.loads((Path(src) / "config.json").read_text())
     kind = raw.get("model_type")
     if kind in NATIVE or kind in CONFIG_MAPPING:
         return
@@ -177,15 +173,19 @@ def check_model_type(src: str, local: bool) -> None:
 
 @MODELS.register("hf")
 def build_hf(cfg: ModelConfig) -> PolicyBundle:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig
 
     src, local = resolve_path(cfg)
     remote = cfg.impl == "remote" and cfg.trust_remote_code
     common = {"trust_remote_code": remote, "local_files_only": local}
+    native = None
     if cfg.impl == "native":
-        check_model_type(src, local)
-    config = _load("config", AutoConfig.from_pretrained, cfg, src, **common)
-    native = NATIVE.get(config.model_type) if cfg.impl == "native" else None
+        raw = _load("config", PreTrainedConfig.get_config_dict, cfg, src, local_files_only=local)[0]
+        check_model_type(raw, src)
+        native = NATIVE.get(raw.get("model_type"))
+    # our config class directly: released code imported in this process may have re-registered the type
+    load_config = AutoConfig.from_pretrained if native is None else native.config_class.from_pretrained  # type: ignore[union-attr]
+    config = _load("config", load_config, cfg, src, **common)
     kwargs = {_dtype_kwarg(): DTYPES[cfg.dtype], **_quantization(cfg), **cfg.extra}
     if native is not None:
         if cfg.block_size and getattr(config, "block_size", 0) is None:  # SDAR without it in config.json
@@ -194,10 +194,15 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
         model = _load("weights", native.from_pretrained, cfg, src, config=config, local_files_only=local, **kwargs)
     else:
         tokenizer = _load("tokenizer", AutoTokenizer.from_pretrained, cfg, src, **common)
-        cls = model_class(config, cfg)
-        model = load_weights(cls, src, config, cfg, common, kwargs)
-    if hasattr(model.config, "use_cache"):
-        model.config.use_cache = False  # no Hugging Face cache objects: ours are plain lists (models/native.py)
+        own = remote_classes(config, cfg, src, local) if remote else None
+        if own is not None:  # the checkpoint's own code, even where we have a class for its model_type
+            config = _load("config", own[0].from_pretrained, cfg, src, local_files_only=local)
+            model = load_weights(own[1], src, config, cfg, common, kwargs)
+        else:
+            model = load_weights(model_class(config, cfg), src, config, cfg, common, kwargs)
+    # no Hugging Face cache objects (ours are plain lists, models/native.py); set even where the config
+    # lacks the field: transformers 5 moved it to the generation config, 4.x-era remote code still reads it
+    model.config.use_cache = False
 
     mask_id = _special_id(
         cfg.mask_token_id, getattr(config, "mask_token_id", None), tokenizer.mask_token_id
@@ -258,25 +263,35 @@ def native_net(model: NativeLM, cfg: ModelConfig) -> tuple[nn.Module, int]:
     return NativeDiffusionLM(model), block
 
 
+def remote_classes(config: Any, cfg: ModelConfig, src: str, local: bool) -> tuple[Any, Any] | None:
+    """The config and model classes the checkpoint's ``auto_map`` names (``model.auto_class``, else
+    the first of masked-LM, causal-LM, base model it lists), or None if it ships no code. Taken from
+    the map itself: transformers 5 prefers a registered class (ours, for llada / Dream / sdar) even
+    with ``trust_remote_code``."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    names = [cfg.auto_class] if cfg.auto_class != "auto" else ["AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel"]
+    name = next((n for n in names if n in auto_map), None)
+    if name is None or "AutoConfig" not in auto_map:
+        return None
+    get = lambda ref: get_class_from_dynamic_module(ref, src, local_files_only=local)  # noqa: E731
+    return get(auto_map["AutoConfig"]), get(auto_map[name])
+
+
 def load_weights(cls, src: str, config: Any, cfg: ModelConfig, common: dict[str, Any], kwargs: dict[str, Any]):
     """``cls.from_pretrained``; remote code that never calls ``post_init()`` (written for
     transformers 4.x) is loaded again through a subclass that calls it after ``__init__``."""
     try:
         return _load("weights", cls.from_pretrained, cfg, src, config=config, **common, **kwargs)
     except AttributeError as err:
-        ref = (getattr(config, "auto_map", None) or {}).get(getattr(cls, "__name__", ""))
-        if not (common["trust_remote_code"] and ref and "all_tied_weights_keys" in str(err)):
+        if not (common["trust_remote_code"] and "all_tied_weights_keys" in str(err)):
             raise
-    from transformers.dynamic_module_utils import get_class_from_dynamic_module
-
-    remote_cls = get_class_from_dynamic_module(ref, src, local_files_only=common["local_files_only"])
     import transformers
 
-    log.warning("model.impl=remote: %s (%s) does not call post_init(), which transformers %s needs; "
-                "loading it through a subclass that calls it after __init__", remote_cls.__name__, ref,
-                transformers.__version__)
-    shimmed = post_init_shim(remote_cls)
-    return _load("weights", shimmed.from_pretrained, cfg, src, config=config, **common, **kwargs)
+    log.warning("model.impl=remote: %s does not call post_init(), which transformers %s needs; loading it "
+                "through a subclass that calls it after __init__", cls.__name__, transformers.__version__)
+    return _load("weights", post_init_shim(cls).from_pretrained, cfg, src, config=config, **common, **kwargs)
 
 
 def post_init_shim(remote_cls: Any) -> Any:
