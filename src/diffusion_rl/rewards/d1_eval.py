@@ -279,12 +279,13 @@ class D1Protocol:
     metric: str
     score: Callable[[str, dict[str, Any]], tuple[str, float, int]]
     item: Callable[[str, Any], dict[str, Any]]  # (question, ground_truth) -> our task's item
+    question_key: str | None = None  # our item's field holding d1's question, where the gold is lossy
 
 
 D1_PROTOCOLS: dict[str, D1Protocol] = {
-    "gsm8k": D1Protocol("gsm8k", "accuracy", _score_gsm8k, _gsm8k_item),
+    "gsm8k": D1Protocol("gsm8k", "accuracy", _score_gsm8k, _gsm8k_item, "question"),
     "math500": D1Protocol("math500", "accuracy", _score_math,
-                          lambda q, gold: {"problem": q, "answer": str(gold)}),
+                          lambda q, gold: {"problem": q, "answer": str(gold)}, "problem"),
     "countdown": D1Protocol("countdown", "accuracy", _score_countdown, _countdown_item),
     "sudoku": D1Protocol("sudoku", "cell_accuracy", _score_sudoku, _sudoku_item),
 }
