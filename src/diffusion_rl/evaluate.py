@@ -48,6 +48,7 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.rewards.d1_eval import D1_PROTOCOLS, d1_score
+from diffusion_rl.rewards.prompted import until_end_token
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import Task
 from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config
@@ -175,7 +176,9 @@ def score_records(task: Task, records: list[dict[str, Any]], protocol: str = "ou
     """Fill ``answer``, ``gold``, ``reward`` (and ``correct``) of each record in place; metrics per length.
 
     ``protocol="d1"`` takes ``answer``, ``correct`` and the metric from d1's parsers (Sudoku records
-    also get ``cells``: ``[right, empty]``); ``reward`` is the task's configured reward either way.
+    also get ``cells``: ``[right, empty]``) on the verbatim completion; ours reads the response
+    ``prefill + completion`` up to LLaDA's first end token (a no-op on our own decoded text).
+    ``reward`` is the task's configured reward of that response either way.
     """
     d1 = protocol == "d1"
     check_protocol(protocol, task)
@@ -187,7 +190,8 @@ def score_records(task: Task, records: list[dict[str, Any]], protocol: str = "ou
     for length in sorted(groups):
         group = groups[length]
         items = [r["item"] for r in group]
-        responses = [r.get("prefill", "") + r["completion"] for r in group]
+        responses = [r.get("prefill", "") + (r["completion"] if d1 else until_end_token(r["completion"]))
+                     for r in group]
         rewards = task.rewards(responses, items).tolist()
         for r, rew in zip(group, rewards):
             r.update(gold=task.gold(r["item"]), reward=rew)
