@@ -16,9 +16,9 @@ number semantics (the same operators on the same int / float / complex values):
 Where we cannot follow d1 (bounded work, no ``eval``):
 
 * **Huge powers are not computed.** d1's ``eval`` hangs on ``9**9**9`` (an integer of 370 million
-  digits). An integer result above ``MAX_INT_BITS`` bits is reported as :data:`TOO_LARGE`
-  (``math.inf``): wrong for every caller, as d1's finished result would be for any target below
-  ``2**100000``. (d1 would still be right on ``0*9**9**9`` with a target of 0: no such item exists.)
+  digits). An expression with an integer (intermediate) result above ``MAX_INT_BITS`` bits is
+  reported as :data:`TOO_LARGE` (``math.inf``) as a whole: wrong for every caller, as d1's
+  finished result would be for any target below ``2**100000``. (d1 would still be right on ``0*9**9**9`` with a target of 0: no such item exists.)
 * **Nesting deeper than** ``MAX_DEPTH`` **operators** (e.g. a 500-fold unary minus) counts as an
   error; CPython's own limits sit near 200 parentheses and ~1000 compiler frames.
 """
