@@ -34,6 +34,7 @@ evaluation prompt is part of the answer the format rewards check.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -54,6 +55,8 @@ from diffusion_rl.tasks import Task
 from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config
 from diffusion_rl.training.checkpoint import checkpoint_file
 from diffusion_rl.training.evaluation import generate_texts
+
+log = logging.getLogger(__name__)
 
 PAPER_GEN_LENGTHS = [128, 256, 512]
 MODES = ("generate", "score")
@@ -353,6 +356,7 @@ def read_d1_generations(path: str | Path, task_name: str,
     known = {it[key]: it for it in dataset or [] if key is not None and key in it}
     records: list[dict[str, Any]] = []
     count: dict[int, int] = defaultdict(int)
+    lost_golds = 0
     for file in files:
         blob = _load_json(file, "generations")
         if not isinstance(blob, dict) or not isinstance(blob.get("generations"), list) or "gen_length" not in blob:
@@ -361,6 +365,7 @@ def read_d1_generations(path: str | Path, task_name: str,
         for k, g in enumerate(blob["generations"]):
             if not isinstance(g, dict) or not {"question", "generations", "ground_truth"} <= set(g):
                 raise ConfigError("generations", str(file), f"entry {k} lacks question / generations / ground_truth")
+            lost_golds += g["ground_truth"] is None and g["question"] not in known
             try:
                 item = known.get(g["question"]) or protocol.item(g["question"], g["ground_truth"])
             except (ValueError, TypeError) as err:
@@ -371,6 +376,10 @@ def read_d1_generations(path: str | Path, task_name: str,
             count[length] += 1
     if not records:
         raise ConfigError("generations", str(path), "holds no generations")
+    if lost_golds:
+        log.warning("%d of %d generations have no gold in d1's file (d1 could not read a negative answer): both "
+                    "protocols score them wrong; task.data_path=<the test set> gives ours the real gold",
+                    lost_golds, len(records))
     return records
 
 
