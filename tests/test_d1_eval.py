@@ -195,3 +195,32 @@ def test_released_generations_give_the_papers_row(tmp_path, task_name):
     assert got == {length: right / of for length, (right, of) in expected.items()}
     assert {int(k): v["num_items"] for k, v in summary["by_length"].items()} == {
         length: of // (8 if task_name == "sudoku" else 1) for length, (_, of) in expected.items()}
+
+
+# ---- the linear scans equal the regular expressions they stand for ------------------------------
+def test_scans_equal_d1s_regexes():
+    import random
+    import re
+
+    from diffusion_rl.rewards import d1_eval
+
+    oracles = {  # d1's patterns, each with the scan that replaces it (the regexes backtrack quadratically)
+        "box": (lambda s: re.findall(r"\\boxed{(.*?)}", s), d1_eval._box_contents),
+        "answer": (lambda s: (m.group(1) if (m := re.search(r"<answer>(.*?)</answer>", s, re.DOTALL)) else None),
+                   d1_eval.first_answer_block),
+        "equals": (lambda s: (m.group(1).strip() if (m := re.search(r"([0-9+\-*/() ]+)=[0-9. ]+", s)) else s),
+                   d1_eval._left_of_equals),
+        "fence": (lambda s: (m.group(1).strip() if (m := re.search(r"<answer>.*?```\s*([\d\s]+)```", s, re.DOTALL))
+                             else ""), d1_eval._fenced_digits),
+        "after answer": (lambda s: (m.group(1).strip() if (m := re.search(
+            r"<answer>(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|</answer>)", s, re.DOTALL)) else ""), d1_eval._after_answer),
+        "after close": (lambda s: (m.group(1).strip() if (m := re.search(
+            r"</answer>\s*(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|$)", s, re.DOTALL)) else ""), d1_eval._after_close),
+    }
+    pieces = ["<answer>", "</answer>", "\\boxed{", "}", "```", "<|eot_id|>", "<|endoftext|>", "\n", " ", "1", "23",
+              "=", "+", ".", "x", "(", "٣"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 16)))
+        for name, (regex, scan) in oracles.items():
+            assert scan(text) == regex(text), (name, text)

@@ -146,3 +146,18 @@ def test_d1_preset_scores_as_d1(tmp_path):
     sudoku = make_task(tmp_path, "sudoku", "task.rewards=d1")
     item = {"puzzle": "4320004330100004", "solution": "4321124334122134"}
     assert sudoku.rewards(["4321124334122134"], [item]).item() == 1.0  # a compact answer is read as tagged
+
+
+def test_format_scans_equal_d1s_regexes():
+    import random
+    import re
+
+    soft = re.compile(r"<reasoning>.*?</reasoning>\s*<answer>.*?</answer>")
+    strict = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$")
+    pieces = ["<reasoning>", "</reasoning>", "<answer>", "</answer>", "\n", " ", "7", "x", "\t"]
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert d1.d1_soft_format_ok(text) == bool(soft.match(text)), text
+        assert d1.d1_strict_format_ok(text) == bool(strict.match(text)), text
+        assert d1.d1_last_answer_block(text) == (re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL) or [None])[-1]

@@ -57,7 +57,8 @@ TOLERANCE = 1e-5
 _GOLD_RE = re.compile(r"####\s*\$?([\d,]+(?:\.\d+)?)")
 _NUMBER_RE = re.compile(r"-?\d+\.?\d*")
 _DOTS_RE = re.compile(r"\.+")
-_EQUATION_RE = re.compile(r"([0-9+\-*/() ]+)=[0-9. ]+")
+_EXPRESSION_RUN_RE = re.compile(r"[0-9+\-*/() ]+")
+_AFTER_EQUALS = frozenset("0123456789. ")
 _GRID_BEFORE_CLOSE_RE = re.compile(r"(\d{16})\s*</answer>")  # = d1's r".*?(\d{16})\s*</answer>" with DOTALL
 _STANDALONE_GRID_RE = re.compile(r"\b(\d{16})\b")
 _WHITESPACE_RE = re.compile(r"\s")
@@ -153,8 +154,21 @@ def d1_countdown_expression(text: str) -> str:
         block = first_answer_block(text)
         expr = text if block is None else block.strip()
     expr = expr.replace("\\div", "/").replace("\\times", "*").replace("\\cdot", "*")
-    m = _EQUATION_RE.search(expr)
-    return m.group(1).strip() if m else expr
+    return _left_of_equals(expr)
+
+
+def _left_of_equals(expr: str) -> str:
+    """``re.search(r"([0-9+\\-*/() ]+)=[0-9. ]+", expr).group(1).strip()``, else ``expr``.
+
+    The greedy run cannot stop before its maximal end (the next character would be in the run, not
+    ``=``), so the match is the first maximal run directly followed by ``=`` and one of ``0-9. ``;
+    written as a scan because the regex backtracks quadratically on a long run without ``=``.
+    """
+    for run in _EXPRESSION_RUN_RE.finditer(expr):
+        end = run.end()
+        if expr.startswith("=", end) and end + 1 < len(expr) and expr[end + 1] in _AFTER_EQUALS:
+            return run.group().strip()
+    return expr
 
 
 def d1_countdown_correct(expr: str, numbers: list[int], target: Any) -> bool:
