@@ -206,7 +206,9 @@ class TextTask(Task):
         spec = self.cfg.rewards
         presets = self.reward_presets()
         if isinstance(spec, str):
-            name = ("plain" if self.compact else "d1_fixed") if spec == "auto" else spec
+            # auto: our corrected d1 set for chat prompts (a task without one, e.g. code, gets its "d1")
+            chat_default = "d1_fixed" if "d1_fixed" in presets else "d1"
+            name = ("plain" if self.compact else chat_default) if spec == "auto" else spec
             if name not in presets:
                 raise ConfigError("task.rewards", spec, f"allowed presets: auto, {', '.join(presets)}; or a {{name: weight}} mapping")
             spec = presets[name]
