@@ -164,8 +164,9 @@ def score_records(task: Task, records: list[dict[str, Any]]) -> dict[int, dict[s
         responses = [r.get("prefill", "") + r["completion"] for r in group]
         rewards = task.rewards(responses, items).tolist()
         right = correctness(responses, items) if correctness is not None else None
+        extra = task.details(responses, items)
         for k, (r, resp, rew) in enumerate(zip(group, responses, rewards)):
-            r.update(answer=task.parse(resp), gold=task.gold(r["item"]), reward=rew)
+            r.update(answer=task.parse(resp), gold=task.gold(r["item"]), reward=rew, **extra[k])
             if right is not None:
                 r["correct"] = bool(right[k])
         metrics = task.metrics(responses, items)

@@ -146,6 +146,10 @@ class Task(ABC):
         """The answer the rewards read from a completion."""
         return extract_answer(completion)
 
+    def details(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Extra fields per completion for the generations files (the code tasks' sandbox verdict)."""
+        return [{} for _ in completions]
+
 
 class _Items(Dataset):
     def __init__(self, items: list[dict[str, Any]]):

@@ -213,17 +213,20 @@ class TextTask(Task):
         for name, weight in spec.items():
             if name not in catalogue:
                 raise ConfigError("task.rewards", name, f"unknown reward; allowed: {', '.join(sorted(catalogue))}")
-            fn = _as_answer(catalogue[name]) if self.compact else catalogue[name]
-            out.append((name, fn, float(weight)))
+            out.append((name, self.as_scored(catalogue[name]), float(weight)))
         return out
 
     def reward_functions(self) -> list[tuple[str, RewardFn, float]]:
         return list(self._rewards)
 
+    def as_scored(self, fn: RewardFn) -> RewardFn:
+        """A catalogue function as the task applies it: a compact completion is the bare answer, scored
+        as ``<answer>{completion}</answer>``."""
+        return _as_answer(fn) if self.compact else fn
+
     def correctness(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[bool]:
         """Whether each completion's answer is right (the ``correct`` reward at full value)."""
-        fn = self.reward_catalogue()["correct"]
-        fn = _as_answer(fn) if self.compact else fn
+        fn = self.as_scored(self.reward_catalogue()["correct"])
         fields = {k: [it.get(k) for it in items] for k in items[0]} if items else {}
         prompts = [""] * len(completions)
         return [v >= self.correct_reward for v in fn(prompts, list(completions), **fields)]

@@ -38,6 +38,7 @@ def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: S
     completions = generate_texts(bundle, prompts, greedy, batch_size, desc=desc)
     metrics = task.metrics(completions, items)
     rewards = task.rewards(completions, items).tolist()
-    records = [{"prompt": p, "completion": c, "reward": r, **it}
-               for p, c, r, it in zip(prompts, completions, rewards, items)]
+    extra = task.details(completions, items)
+    records = [{"prompt": p, "completion": c, "reward": r, **it, **x}
+               for p, c, r, it, x in zip(prompts, completions, rewards, items, extra)]
     return metrics, records
