@@ -40,6 +40,7 @@ import os
 import select
 import struct
 import sys
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -288,19 +289,24 @@ class Supervisor:
             raise RunnerGone("the program's process ended") from err
         return self.receive()
 
-    def finish(self) -> int:
-        """Tell the runner to exit; its wait status, once it is gone (output drained meanwhile)."""
+    def finish(self, grace_s: float = 2.0) -> int:
+        """Tell the runner to exit; its wait status once it is gone (killed if it lingers ``grace_s``)."""
         try:
             send(self.cmd_fd, {"op": "exit"})
         except OSError:
             pass  # already gone: reap it
-        return self.reap()
+        return self.reap(grace_s)
 
-    def reap(self) -> int:
+    def reap(self, grace_s: float | None = None) -> int:
+        """The runner's wait status, draining its output meanwhile; after ``grace_s`` it is killed."""
+        deadline = None if grace_s is None else time.monotonic() + grace_s
         while True:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 break
+            if deadline is not None and time.monotonic() > deadline:
+                os.kill(self.pid, 9)  # SIGKILL
+                deadline = None
             if self.out_fd >= 0 and select.select([self.out_fd], [], [], 0.01)[0]:
                 self._drain()
             elif self.out_fd < 0:
