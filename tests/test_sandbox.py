@@ -55,16 +55,19 @@ def isolated(sandbox):
 
 
 def leftovers() -> list[str]:
-    """Processes still running the sandbox (its launcher, supervisor, runner or their children), after
-    giving the kernel a moment to finish killing a namespace whose PID 1 just died."""
+    """Processes still running the sandbox (a launcher, supervisor, runner or their children: forks of a
+    fork server, sharing its command line) other than the fork servers themselves (our children),
+    after giving the kernel a moment to finish killing a namespace whose PID 1 just died."""
     for _ in range(40):
         out = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if str(INIT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    out.append(pid)
-            except OSError:
+                ours = str(INIT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
+            if ours and parent != os.getpid():
+                out.append(pid)
         if not out:
             break
         time.sleep(0.05)
@@ -106,8 +109,8 @@ def test_infinite_loop(sandbox):
 
 
 def test_sleeping_forever_hits_the_wall_clock():
-    sb = Sandbox(SandboxConfig(**{**TIGHT.__dict__, "timeout_s": 1.5}))
-    res = run_hostile(sb, "import time\ntime.sleep(3600)\n")
+    with Sandbox(SandboxConfig(**{**TIGHT.__dict__, "timeout_s": 1.5})) as sb:
+        res = run_hostile(sb, "import time\ntime.sleep(3600)\n")
     assert res.reason == "timeout" and "wall-clock" in res.detail
 
 
@@ -271,8 +274,8 @@ def test_bad_settings_are_one_line_errors(key, value):
 
 
 def test_isolation_none_still_runs_programs_with_limits():
-    sb = Sandbox(SandboxConfig(**{**TIGHT.__dict__, "isolation": "none"}))
-    ok, loop = sb.run([GOOD, Program("while True:\n    pass\n", TEST)])
+    with Sandbox(SandboxConfig(**{**TIGHT.__dict__, "isolation": "none"})) as sb:
+        ok, loop = sb.run([GOOD, Program("while True:\n    pass\n", TEST)])
     assert ok.passed and loop.reason == "timeout"
 
 

@@ -34,7 +34,7 @@ from fractions import Fraction
 from itertools import combinations
 from typing import Any
 
-from diffusion_rl.rewards.answer import MAX_SCAN_CHARS, column, completion_text, extract_answer
+from diffusion_rl.rewards.answer import column, completion_text, extract_answer
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def _strip_equals(expr: str, target: Fraction) -> str | None:
 def countdown_score(completion: Any, numbers: Any, target: Any) -> float:
     """Reward of one completion (see the module docstring)."""
     text = completion_text(completion)
-    if "<answer>" not in text[-MAX_SCAN_CHARS:]:
+    if "<answer>" not in text:  # the whole text: a tag anywhere is an answer (linear, in C)
         return 0.0
     nums, goal = _as_numbers(numbers), _as_target(target)
     if nums is None or goal is None:

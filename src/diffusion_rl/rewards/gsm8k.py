@@ -16,7 +16,7 @@ Deviations and decisions:
   final ``</answer>`` (surrounding whitespace is free, as d1's ``- 1`` spares one newline),
   floored at 0. d1 subtracts the trailing text twice (once per closing-tag spelling) and can go negative.
 * The format checks are literal ``str.find`` scans equivalent to d1's DOTALL regexes (tested
-  against them), linear in the input; completions longer than 100k characters score 0 format.
+  against them), linear in the input (in C), so they need no length cap.
 * ``int_reward`` is d1's ``str.isdigit`` restricted to ASCII: ``"٣"`` and ``"²"`` are not integers.
   Likewise only ASCII ``0-9`` are digits everywhere here: unicode digits are never normalised.
 """
@@ -37,7 +37,6 @@ CORRECT_REWARD = 2.0
 FORMAT_REWARD = 0.5
 XML_TAG_REWARD = 0.125
 TRAILING_PENALTY = 0.001  # per character after the final </answer>
-MAX_FORMAT_CHARS = 100_000
 MAX_NUMBER_CHARS = 100
 
 _NUMBER_TOKEN_RE = re.compile(r"-?[0-9](?:[0-9,]*[0-9])?(?:\.[0-9]+)?")
@@ -130,7 +129,7 @@ def xml_count_score(text: str) -> float:
 
 def strict_format_ok(text: str) -> bool:
     """d1's ``re.match(r"^<reasoning>\\n.*?\\n</reasoning>\\n<answer>\\n.*?\\n</answer>\\n$", DOTALL)``."""
-    if not isinstance(text, str) or len(text) > MAX_FORMAT_CHARS:
+    if not isinstance(text, str):
         return False
     head, mid, tail = "<reasoning>\n", "\n</reasoning>\n<answer>\n", "\n</answer>\n"
     if not text.startswith(head):
@@ -147,11 +146,7 @@ def strict_format_ok(text: str) -> bool:
 
 def soft_format_ok(text: str) -> bool:
     """d1's ``re.match(r"<reasoning>.*?</reasoning>\\s*<answer>.*?</answer>", DOTALL)``."""
-    if (
-        not isinstance(text, str)
-        or len(text) > MAX_FORMAT_CHARS
-        or not text.startswith("<reasoning>")
-    ):
+    if not isinstance(text, str) or not text.startswith("<reasoning>"):
         return False
     m = _REASONING_TO_ANSWER_RE.search(text, len("<reasoning>"))
     return m is not None and text.find("</answer>", m.end()) >= 0

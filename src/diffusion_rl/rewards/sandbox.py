@@ -1,8 +1,8 @@
 """Run model-written programs against their tests, safely and in parallel (SPEC §11).
 
-Every program runs in its own process group, started from a clean environment by
-``python -I -S sandbox_init.py`` (namespaces, read-only file system, a fresh ``tmpfs`` working
-directory, an unprivileged uid, no network; see that file), with resource limits on CPU seconds,
+Every program runs in its own process group, forked from a clean environment by a small trusted fork
+server (``python -I -S sandbox_init.py --zygote``: namespaces, read-only file system, a fresh
+``tmpfs`` working directory, an unprivileged uid, no network; see that file), with resource limits on CPU seconds,
 address space, file size, processes/threads and open files, and a wall-clock limit after which the
 whole group is killed. The tests run in a separate supervisor process that the program cannot
 reach (``sandbox_harness.py``), so only the harness can say a program passed: it passes when every
@@ -36,8 +36,10 @@ import json
 import logging
 import os
 import queue
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -146,6 +148,7 @@ class Sandbox:
         for slot in range(self.cfg.num_workers):
             self._slots.put(slot)
         self._lock = threading.Lock()
+        self._zygote = _ForkServer()
 
     def run(self, programs: Sequence[Program]) -> list[SandboxResult]:
         """One result per program, in order."""
@@ -164,9 +167,22 @@ class Sandbox:
             self._slots.put(slot)
 
     def close(self) -> None:
+        """Stop the worker threads and the fork server (a later run starts them again)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        self._zygote.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def server_pid(self) -> int | None:
+        """The fork server's pid while it runs (every program's launcher is its child)."""
+        return self._zygote.pid
 
     # ---- one program ----------------------------------------------------------------------------
     def _job(self, program: Program, slot: int, workdir: str, tests_fd: int) -> bytes:
@@ -198,22 +214,22 @@ class Sandbox:
         return result
 
     def _launch(self, job: bytes, tests_fd: int) -> tuple[bytes, bytes, bool]:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(INIT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, pass_fds=(tests_fd,), start_new_session=True, env=ENV, cwd="/",
-        )
-        try:
-            stdout, stderr = proc.communicate(job, timeout=self.cfg.timeout_s)
-            return stdout, stderr, False
-        except subprocess.TimeoutExpired:
-            pass
-        _kill_group(proc.pid)
-        try:
-            stdout, stderr = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # something still holds the pipes: stop listening
-            proc.kill()
-            stdout, stderr = b"", b""
-        return stdout, stderr, True
+        """Have the fork server start the launcher; its report (stdout and stderr share the pipe)."""
+        with tempfile.TemporaryFile() as job_file:
+            job_file.write(job)
+            job_file.seek(0)
+            r, w = os.pipe()
+            try:
+                pid = self._zygote.start(job_file.fileno(), tests_fd, w)
+            finally:
+                os.close(w)
+        with os.fdopen(r, "rb") as report:
+            out, done = _read_until(report, time.monotonic() + self.cfg.timeout_s)
+            if done:
+                return out, b"", False
+            _kill_group(pid)
+            more, _ = _read_until(report, time.monotonic() + 5)  # the group is dead: EOF follows
+            return out + more, b"", True
 
     def _result(self, program: Program, stdout: bytes, stderr: bytes, timed_out: bool) -> SandboxResult:
         total = len(program.tests)
@@ -243,6 +259,72 @@ class Sandbox:
             "fresh directory only: they can reach the network and whatever this user can write. "
             "Run as root or enable user namespaces (kernel.unprivileged_userns_clone=1) to isolate them, or set "
             "task.sandbox.isolation=strict to refuse.", applied.get("why", "unknown"))
+
+
+class _ForkServer:
+    """The trusted ``sandbox_init.py --zygote`` process; started on first use, restarted if it died."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def _spawn(self) -> None:
+        self.close()
+        mine, theirs = socket.socketpair()
+        self._proc = subprocess.Popen([sys.executable, "-I", "-S", str(INIT), "--zygote", str(theirs.fileno())],
+                                      pass_fds=(theirs.fileno(),), env=ENV, cwd="/", stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+        theirs.close()
+        self._sock = mine
+
+    def start(self, job_fd: int, tests_fd: int, report_fd: int) -> int:
+        """Fork a launcher for this job; its pid (and process group)."""
+        with self._lock:
+            for attempt in (0, 1):
+                if self._sock is None or self._proc is None or self._proc.poll() is not None:
+                    self._spawn()
+                assert self._sock is not None
+                try:
+                    socket.send_fds(self._sock, [b"run"], [job_fd, tests_fd, report_fd])
+                    reply = self._sock.recv(32)
+                    if reply:
+                        return int(reply)
+                except OSError:
+                    if attempt:
+                        raise
+                self._proc = None  # it died: start a fresh one and retry once
+            raise RuntimeError("the sandbox fork server does not answer")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()  # the server exits on EOF
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+def _read_until(f: Any, deadline: float, cap: int = 4 << 20) -> tuple[bytes, bool]:
+    """What ``f`` yields until EOF (True) or ``deadline`` (False); at most ``cap`` bytes kept."""
+    out = bytearray()
+    fd = f.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return bytes(out), False
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return bytes(out), True
+        out += chunk[: max(cap - len(out), 0)]
 
 
 def _kill_group(pgid: int) -> None:

@@ -1,9 +1,10 @@
 """The sandbox's first process: isolate, then fork the supervisor and the runner of ``sandbox_harness.py``.
 
-Started by ``sandbox.py`` as ``python -I -S sandbox_init.py`` in a new session, with an empty
-environment, the job (program, limits) as JSON on stdin and the tests on fd 3. Nothing here is
-imported by the project; it uses only the standard library and ``ctypes`` (Python 3.11 has no
-``os.unshare``).
+``sandbox.py`` starts this file once as a fork server (``python -I -S sandbox_init.py --zygote FD``,
+an empty environment): for each program it forks a launcher that leads a new session, reads the job
+(program, limits) and later hands the tests' fd to the supervisor, and reports on a pipe. (Run
+without ``--zygote`` it runs one job from stdin.) Nothing here is imported by the project; it uses
+only the standard library and ``ctypes`` (Python 3.11 has no ``os.unshare``).
 
 Isolation (``isolation: auto | strict | none``; SPEC §11), when the kernel lets us (we are root, or
 unprivileged user namespaces are on):
@@ -34,7 +35,9 @@ import ctypes
 import json
 import os
 import resource
+import select
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -48,7 +51,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 AT_FDCWD, AT_RECURSIVE, SYS_MOUNT_SETATTR = -100, 0x8000, 442  # 442 on every architecture (>= 5.12)
-PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 36, 38
 DEVICES = {"null": 3, "zero": 5, "full": 7, "random": 8, "urandom": 9}  # char devices, major 1
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -245,9 +248,8 @@ def _verdict(report: dict[str, Any], status: int, sup: harness.Supervisor) -> di
     return report
 
 
-def main() -> None:
-    job = json.loads(sys.stdin.buffer.read())
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # keep fds 0-2 taken: new pipes must not land there
+def launch(job: dict[str, Any]) -> None:
+    """Run one job in this process (fds 0-2 taken, the report going to fd 1); never returns."""
     root = os.geteuid() == 0
     try:
         applied = isolate(job)
@@ -272,5 +274,48 @@ def main() -> None:
     os._exit(0)
 
 
+def zygote(sock: socket.socket) -> None:
+    """Fork one launcher per request: a message on ``sock`` brings three fds (the job, the tests, the
+    report pipe); the answer is the launcher's pid, which leads a new session (the trainer kills its
+    group on timeout). Forking this small, already-imported process saves an interpreter start per
+    program. A subreaper, it reaps its launchers and whatever they orphan."""
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    while True:
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not select.select([sock], [], [], 0.2)[0]:
+            continue
+        msg, fds, _, _ = socket.recv_fds(sock, 16, 3)
+        if not msg:
+            os._exit(0)  # the trainer closed its end
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                os.setsid()
+                job_fd, tests_fd, report_fd = fds
+                for target in (1, 2):
+                    os.dup2(report_fd, target)
+                os.close(report_fd)
+                with os.fdopen(job_fd, "rb") as f:
+                    job = json.loads(f.read())
+                job["tests_fd"] = tests_fd
+            except BaseException:  # noqa: BLE001 - never fall back into the server loop
+                os._exit(70)
+            launch(job)
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(str(pid).encode())
+
+
 if __name__ == "__main__":
-    main()
+    one_job = None if sys.argv[1:2] == ["--zygote"] else json.loads(sys.stdin.buffer.read())
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # keep fds 0-2 taken: new pipes must not land there
+    if one_job is None:
+        zygote(socket.socket(fileno=int(sys.argv[2])))
+    else:  # one job on stdin (the tests use this to run it as another user)
+        launch(one_job)

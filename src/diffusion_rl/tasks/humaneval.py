@@ -37,7 +37,7 @@ def _signature(prompt: str, entry_point: str) -> str:
     return m.group(0) if m else f"def {entry_point}():"
 
 
-def _item(p: dict[str, Any]) -> dict[str, Any]:
+def make_item(p: dict[str, Any]) -> dict[str, Any]:
     entry = p["entry_point"]
     return {
         "task_id": p["task_id"], "prompt": p["prompt"], "entry_point": entry,
@@ -67,7 +67,7 @@ class HumanEvalTask(CodeTask):
         missing = [k for k in fields if not problems or k not in problems[0]]
         if missing:
             raise ConfigError("task.data_path", path, f"missing field(s) {', '.join(missing)}")
-        return [_item(p) for p in problems][: self.cfg.num_test]
+        return [make_item(p) for p in problems][: self.cfg.num_test]
 
     def load_train(self) -> list[dict[str, Any]]:
         raise ConfigError("task", "humaneval", "has no training split (164 evaluation problems); "

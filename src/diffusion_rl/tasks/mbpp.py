@@ -58,7 +58,7 @@ def remote_names(code: str, tests: list[str]) -> list[str]:
     return [name for name in called if name in defined]
 
 
-def _item(row: dict[str, Any], where: str) -> dict[str, Any]:
+def make_item(row: dict[str, Any], where: str) -> dict[str, Any]:
     code = str(row["code"]).replace("\r\n", "\n")
     tests = list(row["test_list"])
     try:
@@ -86,7 +86,7 @@ class MBPPTask(CodeTask):
                 raise ConfigError(key, path, f"holds no problem of the {split} split (task_id {lo}-{hi})")
         else:
             rows = list(load_hub(self.cfg.hub_id, self.cfg.hub_config, split, "task.hub_id"))
-        return sorted((_item(r, key) for r in rows), key=lambda it: it["task_id"])
+        return sorted((make_item(r, key) for r in rows), key=lambda it: it["task_id"])
 
     def load_test(self) -> list[dict[str, Any]]:
         return self._split(self.cfg.eval_split, self.cfg.data_path, "task.data_path")[: self.cfg.num_test]
