@@ -7,8 +7,9 @@ tests in the sandbox (``sandbox.py``), and score it.
   credit; MBPP has 3 tests, HumanEval one ``check``).
 
 The program is the first fenced code block of the completion (```` ```python ````, ```` ```py ```` or
-a bare ```` ``` ````; an unclosed fence runs to the end); a completion with no opening fence (its
-prompt ended with one) runs up to its closing fence, or is all code.
+a bare ```` ``` ````; an unclosed fence runs to the end); when the text before the first fence is
+Python, that text (the prompt ended by opening the block, as the chat prompts do); without a fence,
+the whole completion.
 With a ``prompt_code`` (HumanEval's prompt: signature and docstring, sometimes helpers the tests
 use), a completion that defines the entry point itself is run after the prompt (so the prompt's
 imports and helpers exist) and one that does not is taken as the function's body and appended to
@@ -40,14 +41,27 @@ _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n")
 
 
 def extract_code(text: str) -> str:
-    """The first fenced code block of ``text`` (to the end if unclosed); without an opening fence,
-    the text up to a closing one (a completion of a prompt that opened the block), else all of it."""
+    """The code of a completion: the text before its first fence when that text is Python (the prompt
+    opened the block), else the first fenced block (to the end if unclosed), else all of the text."""
     if not isinstance(text, str):
         return ""
+    first = text.find("```")
+    if first < 0:
+        return text
+    if text[:first].strip() and _compiles(text[:first]):
+        return text[:first]
     m = _FENCE_RE.search(text)
-    start = m.end() if m is not None else 0
+    start = m.end() if m is not None else first + 3
     end = text.find("```", start)
     return text[start:] if end < 0 else text[start:end]
+
+
+def _compiles(code: str) -> bool:
+    try:
+        compile(code, "<completion>", "exec")
+        return True
+    except Exception:  # noqa: BLE001 - SyntaxError, but also RecursionError / MemoryError on hostile text
+        return False
 
 
 def assemble(code: str, prompt_code: str | None, entry_point: str | None) -> str:
@@ -79,8 +93,9 @@ class CodeReward:
         programs = [program_of(c, it) for c, it in zip(completions, items)]
         keys = [_key(p) for p in programs]
         todo = {k: p for k, p in zip(keys, programs) if k not in self._cache and p.tests}
-        for k, res in zip(todo, self.sandbox.run(list(todo.values()))):
-            self._cache[k] = res
+        if todo:
+            for k, res in zip(todo, self.sandbox.run(list(todo.values()))):
+                self._cache[k] = res
         out = []
         for k, p in zip(keys, programs):
             if not p.tests:

@@ -70,7 +70,8 @@ class CodeTask(TextTask):
 
     # ---- prompts and targets ------------------------------------------------------------------
     def prompt(self, item: dict[str, Any]) -> str:
-        return self.eval_prompt(item)  # the rollouts are the code the reward runs
+        # chat: train on the evaluation prompt, so the rollouts are code in the form the reward reads
+        return super().prompt(item) if self.compact else self.eval_prompt(item)
 
     def answer(self, item: dict[str, Any]) -> str:
         return self.solution(item)
