@@ -116,7 +116,7 @@ def time_golds(n: int) -> None:
         median, p99 = (ts[min(int(f * len(ts)), len(ts) - 1)] for f in (0.5, 0.99))
         print(f"  {name}: parse + check, cold: median {median * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
               f"max {ts[-1] * 1e3:.0f} ms")
-        for limit in (0.05, 0.2, 1.0, 5.0):
+        for limit in (0.05, 0.2, 1.0, 5.0, verify_pool.DEFAULT_TIMEOUT_S):
             lost = sum(t > limit for t in ts)
             print(f"    a {limit:g} s timeout would cut {lost} of {len(ts)}")
     print(f"  equal per math-verify (no timeout): itself {sum(r[2] for r in rows)}/{len(rows)}, "

@@ -24,7 +24,7 @@ supervisor is not dumpable (no ``ptrace``, no ``/proc/<pid>/mem``).
 
 Not defended: a program that computes the right answers (that is passing); tests that rely on object
 identity or on the program mutating their arguments (a call crosses a process boundary; every
-canonical HumanEval and MBPP solution passes, ``tests/test_code_tasks.py``).
+canonical HumanEval and MBPP solution passes: ``tests/test_humaneval.py``, ``tests/test_mbpp.py``).
 
 This file is run by path with ``python -I -S`` (through ``sandbox_init.py``): standard library only.
 """
