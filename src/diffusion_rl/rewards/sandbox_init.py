@@ -210,8 +210,10 @@ def supervise(job: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
             limit(job["limits"], fallback_nproc=not applied["namespaces"])
         except BaseException:  # noqa: BLE001 - never fall through into the supervisor's code
             os._exit(70)
-        harness.runner(job["program"], job.get("setup", ""), cmd_r, resp_w)
-        os._exit(71)
+        try:
+            harness.runner(job["program"], job.get("setup", ""), cmd_r, resp_w)
+        finally:  # the runner never returns into the supervisor's code, whatever the program did
+            os._exit(71)
     for fd in (cmd_r, resp_w, out_w):
         os.close(fd)
     with os.fdopen(job["tests_fd"], "rb") as f:  # read only now: the runner never had the tests in its memory

@@ -16,11 +16,13 @@ Rewards (``task.rewards``): ``d1`` = ``format`` (0.5 for an ``<answer>`` holding
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
+from diffusion_rl.rewards import verify_pool
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, load_rows, seeded_subset
 from diffusion_rl.tasks.text import MATH_EXPERT, TextTask, TextTaskConfig, format_catalogue
@@ -48,6 +50,15 @@ class Math500Config(TextTaskConfig):
     hub_config: str | None = None
     train_hub_id: str = "EleutherAI/hendrycks_math"
     train_hub_configs: list[str] = field(default_factory=lambda: list(MATH_SUBJECTS))
+    verify_workers: int = 0  # math-verify worker processes (rewards/verify_pool.py); 0: the CPU count, at most 8
+    verify_timeout_s: float = verify_pool.DEFAULT_TIMEOUT_S  # per parse and per check (measured: README)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.verify_workers < 0:
+            raise ConfigError("task.verify_workers", self.verify_workers, "must be >= 0 (0: the CPU count)")
+        if self.verify_timeout_s <= 0:
+            raise ConfigError("task.verify_timeout_s", self.verify_timeout_s, "must be > 0")
 
 
 def _item(row: dict[str, Any], where: str) -> dict[str, Any] | None:
@@ -102,8 +113,9 @@ class Math500Task(TextTask):
         return math_rewards.math_prediction(completion)
 
     def reward_catalogue(self) -> dict[str, RewardFn]:
-        return {**format_catalogue(), "format": math_rewards.math_format_reward,
-                "correct": math_rewards.math_correctness_reward}
+        correct = functools.partial(math_rewards.math_correctness_reward, timeout_s=self.cfg.verify_timeout_s,
+                                    workers=self.cfg.verify_workers)
+        return {**format_catalogue(), "format": math_rewards.math_format_reward, "correct": correct}
 
     def reward_presets(self) -> dict[str, dict[str, float]]:
         return {"d1": {"format": 1.0, "correct": 1.0}, "plain": {"correct": 1.0}}
