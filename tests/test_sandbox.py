@@ -55,18 +55,26 @@ def isolated(sandbox):
 
 
 def leftovers() -> list[str]:
-    """Processes still running the sandbox (a launcher, supervisor, runner or their children: forks of a
-    fork server, sharing its command line) other than the fork servers themselves (our children),
-    after giving the kernel a moment to finish killing a namespace whose PID 1 just died."""
+    """Processes descending from this test process's sandbox fork servers (launchers, supervisors,
+    runners, whatever they started), after giving the kernel a moment to finish killing a namespace
+    whose PID 1 just died. Fork servers of other processes on the machine are not ours to judge."""
     for _ in range(40):
-        out = []
+        parent, ours = {}, set()
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                ours = str(INIT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+                parent[pid] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                if parent[pid] == str(os.getpid()) and str(INIT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    ours.add(pid)  # a fork server of ours
+            except (OSError, IndexError):
                 continue
-            if ours and parent != os.getpid():
+        out = []
+        for pid in parent:
+            p = parent.get(pid)
+            for _ in range(64):  # walk up to a fork server of ours, or the top
+                if p is None or p in ours:
+                    break
+                p = parent.get(p)
+            if p in ours and pid not in ours:
                 out.append(pid)
         if not out:
             break
@@ -74,10 +82,18 @@ def leftovers() -> list[str]:
     return out
 
 
+def _describe(pid: str) -> str:
+    try:
+        return f"{pid} {Path(f'/proc/{pid}/stat').read_text()[:80]!r}"
+    except OSError:
+        return f"{pid} (gone)"
+
+
 def run_hostile(sb: Sandbox, code: str, tests=TEST, **kw):
     res = sb.run_one(Program(code, tests, **kw))
     assert not res.passed
-    assert not leftovers(), "a process of the program outlived its run"
+    left = leftovers()
+    assert not left, f"a process of the program outlived its run: {[_describe(pid) for pid in left]}"
     assert sb.run_one(GOOD).passed  # the trainer and the pool still work
     return res
 
