@@ -17,7 +17,8 @@ current task code and config (a fixed parser, another reward), no model needed.
 
 Writes to the run folder ``generations.jsonl`` (one record per length and item: ``gen_length``,
 ``index``, ``prompt``, ``prefill``, ``completion``, ``answer`` (extracted), ``gold``, ``reward``,
-``correct`` where the task has one, and the ``item`` for re-scoring), ``eval_summary.json`` (metrics
+``correct`` where the task has one, the task's own fields (the code tasks' ``sandbox`` verdict:
+``Task.details``), and the ``item`` for re-scoring), ``eval_summary.json`` (metrics
 per length under ``by_length``; the first length's also at top level) and ``eval_summary.md`` (the
 same as a table). A scored response is ``prefill + completion``: the ``<reasoning>`` that ends a chat
 evaluation prompt is part of the answer the format rewards check.
