@@ -4,6 +4,7 @@
     python src/eval.py task=gsm8k task.data_path=gsm8k_test.jsonl ckpt_path=... eval.gen_lengths=[128,256,512]
     python src/eval.py policy=reference task=math500 task.data_path=math500_test.jsonl   # must score 100%
     python src/eval.py mode=score task=gsm8k generations=.../generations.jsonl            # no model
+    python src/eval.py mode=score task=gsm8k eval.protocol=d1 generations=../shared/data/d1_llada_eval  # the papers' row
 
 Thin Hydra app (config ``conf/eval.yaml``) around :func:`diffusion_rl.evaluate.run_eval`; writes
 ``generations.jsonl``, ``eval_summary.json`` and ``eval_summary.md`` to the run folder and returns

@@ -9,9 +9,15 @@ columns ``problem``, ``level``, ``type``, ``solution``; the answer is the soluti
 from MATH-500 by construction. A local training JSONL (``task.train_data_path``) needs ``problem``
 and ``answer`` or ``solution``. Training items never repeat a test problem.
 
-Rewards (``task.rewards``): ``d1`` = ``format`` (0.5 for an ``<answer>`` holding a ``\\boxed{}``) +
-``correct`` (2.0 when math-verify finds the last boxed answer equivalent to the gold); ``plain`` =
-``correct``. The chat target's answer is ``\\boxed{gold}``; the compact target is the bare answer.
+Rewards (``task.rewards``): ``d1_fixed`` (the default for chat prompts) = ``format`` (0.5 for an
+``<answer>`` holding a ``\\boxed{}``) + ``correct`` (2.0 when math-verify finds the answer equivalent
+to the gold); ``d1`` = d1's own two functions (string-normalised equality, and a format term of
+0.75 / 0.25 whose box test never passes: ``rewards/d1_rewards.py``); ``plain`` = ``correct``.
+``correct`` (training reward and the evaluation's ``accuracy`` alike) runs math-verify in a pool of
+``task.verify_workers`` processes with ``task.verify_timeout_s`` per parse and check (10 s, measured
+so that no right MATH-500 answer is lost on a loaded machine: ``rewards/verify_pool.py``), so a
+verdict does not depend on the machine's load. The chat target's answer is ``\\boxed{gold}``; the
+compact target is the bare answer.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.rewards import d1_rewards
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
 from diffusion_rl.rewards import verify_pool
 from diffusion_rl.tasks.base import TASKS, RewardFn
@@ -115,7 +122,9 @@ class Math500Task(TextTask):
     def reward_catalogue(self) -> dict[str, RewardFn]:
         correct = functools.partial(math_rewards.math_correctness_reward, timeout_s=self.cfg.verify_timeout_s,
                                     workers=self.cfg.verify_workers)
-        return {**format_catalogue(), "format": math_rewards.math_format_reward, "correct": correct}
+        return {**format_catalogue(), "format": math_rewards.math_format_reward, "correct": correct,
+                "d1_format": d1_rewards.d1_math_format_reward, "d1_correct": d1_rewards.d1_math_correctness_reward}
 
     def reward_presets(self) -> dict[str, dict[str, float]]:
-        return {"d1": {"format": 1.0, "correct": 1.0}, "plain": {"correct": 1.0}}
+        return {"d1": {"d1_correct": 1.0, "d1_format": 1.0}, "d1_fixed": {"format": 1.0, "correct": 1.0},
+                "plain": {"correct": 1.0}}
