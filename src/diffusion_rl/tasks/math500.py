@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.rewards import d1_rewards
+from diffusion_rl.rewards import d1_rewards, verify_pool
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
-from diffusion_rl.rewards import verify_pool
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, load_rows, seeded_subset
 from diffusion_rl.tasks.text import MATH_EXPERT, TextTask, TextTaskConfig, format_catalogue
