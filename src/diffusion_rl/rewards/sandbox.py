@@ -8,7 +8,8 @@ whole group is killed. The tests run in a separate supervisor process that the p
 reach (``sandbox_harness.py``), so only the harness can say a program passed: it passes when every
 test ran and passed and its process then exited with status 0.
 
-A :class:`Sandbox` keeps ``workers`` runs in flight (threads that each wait on one process), so a
+Programs see the standard library only (``-I -S``: no site-packages). A :class:`Sandbox` keeps
+``workers`` runs in flight (threads that each wait on one process), so a
 batch of 512 short programs takes seconds (``python benchmarks/rewards.py``). Each
 :class:`SandboxResult` says ``passed`` and a ``reason``:
 
