@@ -48,8 +48,8 @@ def samplers(monkeypatch):
 
 
 def test_model_eval_writes_generations_and_a_summary_per_length(tmp_path, samplers):
-    cfg = compose_eval(["task=countdown", "task.num_test=5", "task.num_train=50", "eval.gen_lengths=[16,64]",
-                        "eval.batch_size=4", *TINY_MODEL], tmp_path)
+    cfg = compose_eval(["policy=init", "task=countdown", "task.num_test=5", "task.num_train=50",
+                        "eval.gen_lengths=[16,64]", "eval.batch_size=4", *TINY_MODEL], tmp_path)
     summary = evaluate_checkpoint(cfg, tmp_path / "run")
     # the papers' protocol: greedy, steps = gen_length / 2, blocks of 32 (the whole length when shorter)
     assert [(s.gen_length, s.block_length, s.steps, s.temperature) for s in samplers] == [(16, 16, 8, 0.0), (64, 32, 32, 0.0)]
@@ -61,7 +61,11 @@ def test_model_eval_writes_generations_and_a_summary_per_length(tmp_path, sample
     assert set(summary["by_length"]) == {"16", "64"} and summary["by_length"]["64"]["num_items"] == 5
     assert summary["accuracy"] == summary["by_length"]["16"]["accuracy"]
     table = (tmp_path / "run" / "eval_summary.md").read_text().splitlines()
-    assert table[0].startswith("| countdown gen_length | accuracy | reward") and len(table) == 4
+    assert table[0].startswith("| countdown gen_length | accuracy | reward") and table[3].startswith("| 64 |")
+    # what was scored, and one line per metric: the reader needs neither the JSON nor the source
+    assert "Scored 5 items of the task's own test set (task.num_test=5)." in table
+    assert "- `accuracy`: share of items whose expression uses each given number once and evaluates to the target" in table
+    assert {line.split("`")[1] for line in table if line.startswith("- `")} == {"accuracy", "reward", "num_items"}
     assert json.load(open(tmp_path / "run" / "eval_summary.json"))["by_length"] == summary["by_length"]
 
 
@@ -120,11 +124,13 @@ def test_sudoku_checkpoint_eval_keeps_its_metrics(tmp_path):
 
 @pytest.mark.parametrize("overrides,match", [
     (["mode=bogus"], "mode='bogus' is invalid: allowed: generate, score"),
-    (["policy=oracle"], "policy='oracle' is invalid: allowed: model, reference"),
+    (["policy=oracle"], "policy='oracle' is invalid: allowed: checkpoint, init, warmstart, reference"),
+    ([], "ckpt_path=None is invalid: evaluate which model\\? give ckpt_path="),
+    (["policy=init", "ckpt_path=run"], "ckpt_path='run' is invalid: policy=init evaluates no checkpoint"),
     (["mode=score"], "generations=None is invalid: mode=score needs generations="),
     (["mode=score", "generations=/nope.jsonl"], "generations='/nope.jsonl' is invalid: no such file"),
-    (["eval.gen_lengths=[48]"], "eval.gen_lengths=48 is invalid: must be a multiple of eval.block_length=32"),
-    (["eval.steps_per_token=2.0"], "eval.steps_per_token=2.0 is invalid: must be in"),
+    (["policy=init", "eval.gen_lengths=[48]"], "eval.gen_lengths=48 is invalid: must be a multiple of eval.block_length=32"),
+    (["policy=init", "eval.steps_per_token=2.0"], "eval.steps_per_token=2.0 is invalid: must be in"),
 ])
 def test_eval_config_errors_are_one_line(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match):

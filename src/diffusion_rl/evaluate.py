@@ -2,17 +2,20 @@
 
 Protocol (LLaDA / d1): zero-shot, greedy (temperature 0), ``steps = gen_length / 2``
 (``eval.steps_per_token``), blocks of ``eval.block_length = 32`` tokens (the whole length when
-shorter), every length of ``eval.gen_lengths`` in one call, on the task's test set
-(``task.num_test``: GSM8K 1319, MATH500 500, Countdown 256, Sudoku 256), in batches of
-``eval.batch_size`` with a progress bar. ``eval.gen_lengths: null`` means the papers' lengths
+shorter), every length of ``eval.gen_lengths`` in one call, on the task's test set (every item of
+``task.data_path`` or of the hub's test split unless ``task.num_test`` caps them; 256 generated
+Sudoku / Countdown items), in batches of ``eval.batch_size`` with a progress bar. ``eval.gen_lengths: null`` means the papers' lengths
 ``[128, 256, 512]`` for chat prompts and ``[sampler.gen_length]`` for compact prompts (the embedded
 model, whose answers are a few characters; pass e.g. ``eval.gen_lengths=[16,32]`` to sweep).
 
-Policies (``policy=``): ``model`` (the configured model, with weights from ``ckpt_path`` if given;
-loaded with ``weights_only=True``, so nothing in a checkpoint is unpickled as code) or
-``reference``, which answers every item with its gold answer in the task's format
+Policies (``policy=``): ``checkpoint`` (the default: the model of ``ckpt_path=<run folder | .ckpt |
+last>``, rebuilt from the run config the checkpoint carries, ``training/restore.py``; loaded with
+``weights_only=True``, so nothing in a checkpoint is unpickled as code), ``init`` (the configured
+model, untrained), ``warmstart`` (the configured model after the warm start, cached as in training)
+or ``reference``, which answers every item with its gold answer in the task's format
 (``task.target(item)``) and so checks prompts, parsing, rewards and metrics end to end without a
-model: it must score 100%. ``mode=score generations=file.jsonl`` re-scores saved generations with the
+model: it must score 100%. Without ``ckpt_path`` an evaluation of a model must name ``init`` or
+``warmstart``: an untrained model scoring 0 is never what a forgotten ``ckpt_path`` should give. ``mode=score generations=file.jsonl`` re-scores saved generations with the
 current task code and config (a fixed parser, another reward), no model needed.
 
 Writes to the run folder ``generations.jsonl`` (one record per length and item: ``gen_length``,
@@ -41,13 +44,14 @@ from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import Task
-from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config
-from diffusion_rl.training.checkpoint import checkpoint_file
+from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config, warm_start_key
 from diffusion_rl.training.evaluation import generate_texts
+from diffusion_rl.training.restore import command_line_overrides, load_run_checkpoint, restore_policy
+from diffusion_rl.training.warmstart import warm_start
 
 PAPER_GEN_LENGTHS = [128, 256, 512]
 MODES = ("generate", "score")
-POLICIES = ("model", "reference")
+POLICIES = ("checkpoint", "init", "warmstart", "reference")
 
 
 @dataclass
@@ -77,7 +81,8 @@ class EvalRunConfig(RunConfig):
 
     eval: EvalProtocolConfig = field(default_factory=EvalProtocolConfig)
     mode: str = "generate"  # generate | score (re-score `generations` without a model)
-    policy: str = "model"  # model (ckpt_path, or the freshly built model) | reference (gold answers: must score 100%)
+    # checkpoint (ckpt_path) | init (untrained) | warmstart | reference (gold answers: must score 100%)
+    policy: str = "checkpoint"
     generations: str | None = None  # mode=score: a generations.jsonl written by src/eval.py
 
     def validate(self) -> None:
@@ -86,6 +91,14 @@ class EvalRunConfig(RunConfig):
             raise ConfigError("mode", self.mode, f"allowed: {', '.join(MODES)}")
         if self.policy not in POLICIES:
             raise ConfigError("policy", self.policy, f"allowed: {', '.join(POLICIES)}")
+        if self.mode == "score":
+            return
+        if self.policy == "checkpoint" and not self.ckpt_path:
+            raise ConfigError("ckpt_path", None, "evaluate which model? give ckpt_path=<run folder | .ckpt | last>, "
+                              "or policy=init (untrained), policy=warmstart or policy=reference (gold answers)")
+        if self.policy != "checkpoint" and self.ckpt_path:
+            raise ConfigError("ckpt_path", self.ckpt_path, f"policy={self.policy} evaluates no checkpoint: "
+                              "drop ckpt_path, or drop policy (policy=checkpoint)")
 
 
 def gen_lengths(ev: EvalProtocolConfig, task: Task, sampler: SamplerConfig) -> list[int]:
@@ -126,28 +139,6 @@ def _device(name: str) -> torch.device:
         return torch.device(name)
     except RuntimeError as err:
         raise ConfigError("eval.device", name, "allowed: auto, cpu, cuda, cuda:N") from err
-
-
-def load_policy_weights(bundle: PolicyBundle, ckpt_path: str | Path) -> None:
-    """Load the policy's weights from a Lightning checkpoint of :class:`DiffusionRLModule`.
-
-    ``ckpt_path`` is a checkpoint file or a run folder (its ``checkpoints/last.ckpt``), as in training.
-    """
-    path = checkpoint_file(ckpt_path)
-    if not path.is_file():
-        raise ConfigError("ckpt_path", str(ckpt_path), f"no checkpoint file at {path}")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - corrupt or foreign file: one clear line
-        raise ConfigError("ckpt_path", str(ckpt_path), f"unreadable checkpoint {path} ({type(err).__name__})") from err
-    state = blob.get("state_dict", blob)
-    policy = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
-    if not policy:
-        raise ConfigError("ckpt_path", str(ckpt_path), "holds no 'policy.*' weights (not a diffusion_rl checkpoint?)")
-    missing, unexpected = bundle.net.load_state_dict(policy, strict=False)
-    if missing or unexpected:
-        raise ConfigError("ckpt_path", str(ckpt_path),
-                          f"does not match model config (missing {len(missing)}, unexpected {len(unexpected)} tensors)")
 
 
 # ---- scoring ------------------------------------------------------------------------------------
@@ -201,11 +192,17 @@ def _fmt(v: Any) -> str:
     return f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
 
-def summary_markdown(task_name: str, by_length: dict[int, dict[str, float]]) -> str:
+def summary_markdown(task_name: str, by_length: dict[int, dict[str, float]], scored: str | None = None,
+                     definitions: dict[str, str] | None = None) -> str:
+    """The metrics table, what was scored, and one line defining each metric."""
     keys = list(next(iter(by_length.values())).keys()) if by_length else []
     lines = [f"| {task_name} gen_length | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for length, m in by_length.items():
         lines.append(f"| {length} | " + " | ".join(_fmt(m[k]) for k in keys) + " |")
+    if scored:
+        lines += ["", f"Scored {scored}."]
+    if definitions:
+        lines += [""] + [f"- `{k}`: {definitions[k]}" for k in keys if k in definitions]
     return "\n".join(lines) + "\n"
 
 
@@ -217,38 +214,66 @@ def write_outputs(run_dir: Path, records: list[dict[str, Any]], summary: dict[st
     with open(run_dir / "eval_summary.json", "w") as f:
         json.dump(summary, f, indent=2)
     by_length = {int(k): v for k, v in summary["by_length"].items()}
-    (run_dir / "eval_summary.md").write_text(summary_markdown(summary["task"], by_length))
+    (run_dir / "eval_summary.md").write_text(summary_markdown(summary["task"], by_length, summary.get("scored"),
+                                                              summary.get("metric_definitions")))
 
 
 def _summary(task: Task, by_length: dict[int, dict[str, float]], **info: Any) -> dict[str, Any]:
     first = next(iter(by_length.values()), {})
     return {"task": task.cfg.name, **info, "gen_lengths": list(by_length),
-            "by_length": {str(k): v for k, v in by_length.items()}, **first}
+            "by_length": {str(k): v for k, v in by_length.items()}, **first,
+            "metric_definitions": task.metric_definitions()}
+
+
+def items_scored(task: Task, n: int) -> str:
+    """Which test items an evaluation scored, in words: all of a file, or how many of how many."""
+    cfg = task.cfg
+    if not cfg.data_path:
+        return f"{n} items of the task's own test set (task.num_test={cfg.num_test if cfg.num_test is not None else 'null'})"
+    if cfg.num_test is None:
+        return f"all {n} items of {cfg.data_path}"
+    total = len(type(task)(replace(cfg, num_test=None)).test_items())
+    return f"{n} of the {total} items of {cfg.data_path} (task.num_test={cfg.num_test}; task.num_test=null scores all)"
 
 
 # ---- entry points -------------------------------------------------------------------------------
-def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Generate with ``policy`` at every protocol length, score, and write the outputs."""
+def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Generate with ``policy`` at every protocol length, score, and write the outputs.
+
+    ``overrides``: what the user set explicitly (default: Hydra's command line); with a checkpoint
+    they go on top of the run config it carries (``training/restore.py``).
+    """
     run_dir = Path(run_dir)
     run = run_config(cfg, EvalRunConfig)
     assert isinstance(run, EvalRunConfig)
+    ckpt = None
+    if run.policy == "checkpoint":
+        assert run.ckpt_path is not None  # validated
+        cfg, path, blob = load_run_checkpoint(cfg, run.ckpt_path, command_line_overrides() if overrides is None else overrides)
+        ckpt = (path, blob)
+        run = run_config(cfg, EvalRunConfig)  # eval.batch_size follows the run's task
+        assert isinstance(run, EvalRunConfig)
     policy, ev = run.policy, run.eval
     task = build_task(cfg.task)
     sampler = from_dict(SamplerConfig, cfg.sampler, "sampler")
     lengths = gen_lengths(ev, task, sampler)
     for length in lengths:
         protocol_sampler(sampler, length, ev)  # a bad length fails before any model is built
+    device = _device(ev.device)
+    items = task.test_items()  # and a missing or malformed test file
     bundle = None
-    if policy == "model":
+    if policy != "reference":
         bundle = build_policy(from_dict(ModelConfig, cfg.model, "model"))
-        if cfg.get("ckpt_path"):
-            load_policy_weights(bundle, cfg.ckpt_path)
-        bundle.net.to(_device(ev.device))
+        if ckpt is not None:
+            restore_policy(bundle, ckpt[1], ckpt[0], str(run.ckpt_path))
+        elif policy == "warmstart":
+            warm_start(bundle, task, sampler.gen_length, run.warmstart, warm_start_key(cfg), cfg.paths.cache_dir, ev.progress)
+        bundle.net.to(device)
         task.use_tokenizer(bundle.tokenizer)
-    items = task.test_items()
     records = generate_records(task, items, lengths, policy, bundle, sampler, ev)
     by_length = score_records(task, records)
-    summary = _summary(task, by_length, policy=policy, ckpt_path=cfg.get("ckpt_path"), num_items=len(items))
+    summary = _summary(task, by_length, policy=policy, ckpt_path=str(ckpt[0]) if ckpt else None,
+                       num_items=len(items), scored=items_scored(task, len(items)))
     write_outputs(run_dir, records, summary)
     return summary
 
