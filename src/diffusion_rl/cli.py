@@ -24,7 +24,7 @@ from diffusion_rl.errors import ConfigError
 
 T = TypeVar("T")
 # libraries that log through handlers of their own, bypassing Hydra's console and file handlers
-LIBRARY_LOGGERS = ("lightning.pytorch", "lightning.fabric", "transformers", "datasets", "torch", "wandb")
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "transformers", "datasets", "wandb")
 _job_started = False
 
 
@@ -36,7 +36,6 @@ def run_hydra_app(main: Callable[[], object], conf_dir: Path) -> None:
     # Hydra then raises its errors instead of printing them: the command-line ones become one line
     # here, and a crash inside the job keeps its whole traceback
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     # conf/hydra/launcher/joblib.yaml sets 2 workers over the plugin's schema of the same name, which
     # Hydra 1.3 still supports but announces as deprecated on every run
     warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/joblib' is validated against ConfigStore schema")
@@ -79,8 +78,9 @@ def exit_on_config_error() -> Iterator[None]:
 
 
 def route_library_logging() -> None:
-    """Send what libraries log, and Python warnings, through the root logger's handlers (Hydra's
-    console handler and the run's ``<job>.log``) instead of the libraries' own stderr handlers."""
+    """Send what libraries log, and Python warnings, through the root logger's handlers instead of
+    the libraries' own stderr handlers: all of it reaches the run's ``<job>.log``, the console shows
+    only their warnings and errors (Lightning's "GPU available: False" lines go to the file)."""
     logging.captureWarnings(True)
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
@@ -93,6 +93,16 @@ def route_library_logging() -> None:
 
         hf_logging.disable_default_handler()
         hf_logging.enable_propagation()
+    for handler in logging.getLogger().handlers:
+        if type(handler) is logging.StreamHandler and not any(isinstance(f, _QuietLibraries) for f in handler.filters):
+            handler.addFilter(_QuietLibraries())
+
+
+class _QuietLibraries(logging.Filter):
+    """On the console: the libraries' warnings and errors, not their info lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.name.startswith(LIBRARY_LOGGERS)
 
 
 # ---- Hydra's errors as one line -------------------------------------------------------------------

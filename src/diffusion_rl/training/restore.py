@@ -79,6 +79,8 @@ def config_from_checkpoint(cfg: DictConfig, stored: dict[str, Any], overrides: l
                     del target[leaf]
             else:
                 OmegaConf.update(node, sub, OmegaConf.select(cfg, key), merge=False, force_add=True)
+        if group == "task" and ("task.data_path", "=") in keys and ("task.num_test", "=") not in keys:
+            node.num_test = None  # the run's cap was on its own test set: a file the user names is scored whole
         merged[group] = OmegaConf.to_container(node)
     return OmegaConf.create(merged)
 
