@@ -113,4 +113,4 @@ def test_entry_point_prints_the_table(multirun, tmp_path):
     assert "| eps=100 | ok |" in out.stdout and (tmp_path / "r" / "report.md").exists()
     bad = subprocess.run([sys.executable, str(ROOT / "src" / "report.py"), str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "no run folders" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.strip() == f"report error: folder='{tmp_path / 'nothing'}' is invalid: holds no run folder (a folder with .hydra/)"

@@ -46,7 +46,11 @@ from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import Task
 from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config, warm_start_key
 from diffusion_rl.training.evaluation import generate_texts
-from diffusion_rl.training.restore import command_line_overrides, load_run_checkpoint, restore_policy
+from diffusion_rl.training.restore import (
+    command_line_overrides,
+    load_run_checkpoint,
+    restore_policy,
+)
 from diffusion_rl.training.warmstart import warm_start
 
 PAPER_GEN_LENGTHS = [128, 256, 512]

@@ -239,13 +239,14 @@ def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -
     try:
         return L.Trainer(
             max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=t.devices,
-            strategy=make_strategy(t.strategy, t.strategy_kwargs, c.bundle.net), precision=t.precision,
+            strategy=make_strategy(t.strategy, t.strategy_kwargs, c.bundle.net),
+            precision=t.precision,  # type: ignore[arg-type]  # checked by Lightning, a bad value -> ConfigError below
             logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()], enable_progress_bar=t.enable_progress_bar,
             enable_model_summary=False, default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **t.extra,
         )
     except (MisconfigurationException, ValueError, TypeError, RuntimeError) as err:
         text = " ".join(str(err).split()) or type(err).__name__
-        key = next((k for k in ("accelerator", "devices", "strategy", "precision") if k in text.lower()), "extra")
+        key = next((k for k in ("devices", "precision", "strategy", "accelerator") if k in text.lower()), "extra")
         raise ConfigError(f"trainer.{key}", getattr(t, key), f"rejected by Lightning: {text[:300]}") from None
 
 

@@ -99,7 +99,7 @@ def make_loggers(cfg: DictConfig, run_dir: Path, resume: ResumePoint | None = No
             loggers.append(L.pytorch.loggers.CSVLogger(run_dir, name="", version=""))
         elif name == "tensorboard":
             # purge_step hides the events a killed run wrote after its checkpoint (TensorBoard's restart rule)
-            purge = {"purge_step": resume.step + 1} if resume is not None else {}
+            purge: dict[str, Any] = {"purge_step": resume.step + 1} if resume is not None else {}
             loggers.append(L.pytorch.loggers.TensorBoardLogger(run_dir, name="tb", version="", **purge))
         else:
             loggers.append(make_wandb_logger(lcfg.wandb, run_dir, OmegaConf.to_container(cfg, resolve=True), resume))

@@ -23,7 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 from diffusion_rl.config import from_dict
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
-from diffusion_rl.training.checkpoint import RUN_KEY, RUNS_ROOT, load_checkpoint, newest_run_checkpoint
+from diffusion_rl.training.checkpoint import (
+    RUN_KEY,
+    RUNS_ROOT,
+    load_checkpoint,
+    newest_run_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
