@@ -40,6 +40,7 @@ from diffusion_rl.errors import ConfigError
 log = logging.getLogger(__name__)
 
 LOGGERS = ("csv", "tensorboard", "wandb")
+OFFLINE_FLUSH_S = 2.0  # seconds between writes of an offline W&B run's file (wandb's default: 15)
 _said_offline = False
 
 
@@ -142,6 +143,10 @@ def make_wandb_logger(wcfg: WandbConfig, run_dir: Path, config: Any = None, resu
     # mode= goes to wandb.init for this run only; Lightning's offline=True would set WANDB_MODE for the
     # whole process (every later job of a multirun).
     kwargs: dict[str, Any] = {"mode": "offline"} if offline else {}
+    if offline and "x_transaction_log_flush_interval" in getattr(wandb.Settings, "model_fields", {}):
+        # an offline run's file is written every 15 s by default: a SIGKILL loses what was not, and a
+        # resume then rewinds to a step the file never got (a gap, not a duplicate); 2 s narrows that
+        kwargs["settings"] = {"x_transaction_log_flush_interval": OFFLINE_FLUSH_S}
     name = wcfg.name or Path(run_dir).name
     common = dict(save_dir=str(run_dir), project=wcfg.project, entity=wcfg.entity, group=wcfg.group,
                   tags=list(wcfg.tags) or None, **kwargs)
