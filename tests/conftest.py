@@ -42,4 +42,6 @@ def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tiny_run")
     cfg = compose_cfg(["trainer.max_steps=5", "trainer.checkpoint_every_n_steps=2", "eval.every_n_steps=2"], tmp)
     summary = train(cfg, tmp / "run")
+    (tmp / "run" / ".hydra").mkdir()  # what Hydra writes into a run folder, for src/report.py
+    (tmp / "run" / ".hydra" / "overrides.yaml").write_text("- trainer.max_steps=5\n")
     return tmp / "run", summary
