@@ -158,7 +158,7 @@ def test_eval_py_reference_policy_scores_100_percent(tmp_path):
 
 
 def _sudoku_csv(path: Path, rows: int) -> Path:
-    from diffusion_rl.tasks.sudoku import SudokuTask, SudokuConfig
+    from diffusion_rl.tasks.sudoku import SudokuConfig, SudokuTask
 
     items = SudokuTask(SudokuConfig(num_test=rows, test_fraction=0.9)).test_items()
     assert len(items) == rows
