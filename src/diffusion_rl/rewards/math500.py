@@ -1,9 +1,11 @@
 """MATH500 rewards (SPEC §5): math-verify equivalence on the last ``\\boxed{}``, plus a format term.
 
 * ``math_correctness_reward``: 2.0 when the prediction is equivalent to the gold ``answer``.
-  The prediction is the content of the last ``\\boxed{...}`` in the answer (last ``<answer>`` block,
-  else the whole completion); without a ``\\boxed`` the whole answer text is the prediction (as in
-  d1, whose fallback compares the raw response).
+  The prediction is read where the prompt asks for it (``rewards/prompted.py``): the last
+  ``\\boxed{...}`` of the last ``<answer>`` block, else that block's text; without an ``<answer>``
+  tag (or with an empty block) the last non-empty ``\\boxed{...}`` anywhere; otherwise there is no
+  prediction. (d1 compares the whole completion when it has no box, and math-verify, given a whole
+  reasoning, would find a number in it.)
 * ``math_format_reward``: 0.5 when an ``<answer>`` tag is present and its last block contains
   ``\\boxed{`` (d1's ``boxed_and_answer_tags_format_reward``, which scores 0.5 for the same thing).
 
@@ -38,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from diffusion_rl.rewards.answer import MAX_SCAN_CHARS, column, completion_text, extract_answer
+from diffusion_rl.rewards.prompted import answer_block
 
 log = logging.getLogger(__name__)
 
@@ -275,10 +278,12 @@ def _gold_answer(gold: Any) -> str:
 
 
 def math_prediction(completion: Any) -> str:
-    """The last ``\\boxed{}`` content of the answer, else the whole answer text."""
-    answer = extract_answer(completion_text(completion))
-    boxed = last_boxed(answer)
-    return boxed if boxed is not None else answer
+    """The answer the prompt asks for (module docstring); "" when the completion has none."""
+    text = completion_text(completion)
+    block = answer_block(text)
+    if block:
+        return last_boxed(block) or block  # an empty or unclosed box: the block's text
+    return last_boxed(text) or ""
 
 
 def math_correctness_reward(

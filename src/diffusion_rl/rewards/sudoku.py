@@ -12,6 +12,7 @@ from itertools import islice
 from typing import Any
 
 from diffusion_rl.rewards.answer import extract_answer
+from diffusion_rl.rewards.prompted import answer_block
 
 N_CELLS = 16
 DIGITS = "0123456789"  # ASCII only: str.isdigit would also accept "３" or "٣"
@@ -38,6 +39,8 @@ def is_valid_solution(grid: str) -> bool:
 # ---- answers, reward, metrics --- -------------------------------------------------------------------
 def parse_answer(completion: Any) -> str:
     """The answer's ASCII digits, truncated / padded with ``0`` to 16 characters."""
+    if isinstance(completion, str) and "<reasoning>" in completion and answer_block(completion) is None:
+        return "0" * N_CELLS  # a chat response cut off before its answer
     answer = extract_answer(completion)  # already cut to a bounded tail
     digits = "".join(islice((c for c in answer if c in DIGITS), N_CELLS))
     return digits.ljust(N_CELLS, "0")

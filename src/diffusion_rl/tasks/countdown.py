@@ -20,7 +20,7 @@ Data (``task.source``):
 ``"30,100,93"``, ``output`` ``"23"``; rows with ``nums``/``target`` are read too), and
 ``task.train_data_path`` a training JSONL in either format. Training items never repeat a test
 instance (same numbers and target). Reward: ``countdown_reward`` (1.0 right, 0.1 an answer that is
-wrong, 0 none). Targets: the compact style's is the expression itself (``"30+93-100"``); by default
+wrong, 0 none); ``task.rewards=d1`` is d1's own (``d1_correct``: ``**``, ``//`` and decimals accepted). Targets: the compact style's is the expression itself (``"30+93-100"``); by default
 (``task.solution=canonical``) the first one :func:`canonical_solution` finds, the numbers in their given
 order where that works, so the warm start learns a function of the prompt rather than one of many
 equivalent answers drawn at random (``task.solution=generated``: the generator's own expression).
@@ -37,7 +37,7 @@ from typing import Any
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.rewards import countdown as cd_rewards  # module object: see tasks/text.py
-from diffusion_rl.rewards.answer import extract_answer
+from diffusion_rl.rewards import d1_rewards
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
@@ -289,11 +289,13 @@ class CountdownTask(TextTask):
         return str(item["target"])
 
     def parse(self, completion: str) -> str:
-        return extract_answer(completion)
+        return cd_rewards.countdown_expression(completion) or ""
 
     # ---- rewards ------------------------------------------------------------------------------
     def reward_catalogue(self) -> dict[str, RewardFn]:
-        return {**format_catalogue(), "correct": cd_rewards.countdown_reward}
+        return {**format_catalogue(), "correct": cd_rewards.countdown_reward,
+                "d1_correct": d1_rewards.d1_countdown_reward}
 
     def reward_presets(self) -> dict[str, dict[str, float]]:
-        return {"d1": {"correct": 1.0}, "plain": {"correct": 1.0}}  # d1's is the single 1 / 0.1 / 0
+        # d1 trains Countdown on its single 1 / 0.1 / 0 reward
+        return {"d1": {"d1_correct": 1.0}, "d1_fixed": {"correct": 1.0}, "plain": {"correct": 1.0}}

@@ -9,17 +9,22 @@ columns ``problem``, ``level``, ``type``, ``solution``; the answer is the soluti
 from MATH-500 by construction. A local training JSONL (``task.train_data_path``) needs ``problem``
 and ``answer`` or ``solution``. Training items never repeat a test problem.
 
-Rewards (``task.rewards``): ``d1`` = ``format`` (0.5 for an ``<answer>`` holding a ``\\boxed{}``) +
-``correct`` (2.0 when math-verify finds the last boxed answer equivalent to the gold); ``plain`` =
-``correct``. The chat target's answer is ``\\boxed{gold}``; the compact target is the bare answer.
+Rewards (``task.rewards``): ``d1_fixed`` (the default for chat prompts) = ``format`` (0.5 for an
+``<answer>`` holding a ``\\boxed{}``) + ``correct`` (2.0 when math-verify finds the answer equivalent
+to the gold); ``d1`` = d1's own two functions (string-normalised equality, and a format term of
+0.75 / 0.25 whose box test never passes: ``rewards/d1_rewards.py``); ``plain`` = ``correct``. The
+evaluation's ``accuracy`` gives math-verify ``EVAL_TIMEOUT_S`` per answer, not the training reward's
+50 ms, so that a verdict does not depend on the machine's load. The chat target's answer is ``\\boxed{gold}``; the compact target is the bare answer.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.rewards import d1_rewards
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, load_rows, seeded_subset
@@ -32,6 +37,8 @@ MATH_SUBJECTS = [
 
 
 # d1's MATH training prompt: its format prompt asking for the answer in \boxed{}
+EVAL_TIMEOUT_S = 5.0  # math-verify's bound per answer in evaluation
+
 BOXED_TRAIN_SYSTEM = (MATH_EXPERT + "Respond in the following format:\n<reasoning>\n...\n</reasoning>\n"
                       "<answer>\n\\boxed{...}\n</answer>")
 
@@ -103,7 +110,12 @@ class Math500Task(TextTask):
 
     def reward_catalogue(self) -> dict[str, RewardFn]:
         return {**format_catalogue(), "format": math_rewards.math_format_reward,
-                "correct": math_rewards.math_correctness_reward}
+                "correct": math_rewards.math_correctness_reward,
+                "d1_format": d1_rewards.d1_math_format_reward, "d1_correct": d1_rewards.d1_math_correctness_reward}
+
+    def correctness_reward(self) -> RewardFn:
+        return functools.partial(math_rewards.math_correctness_reward, timeout_s=EVAL_TIMEOUT_S)
 
     def reward_presets(self) -> dict[str, dict[str, float]]:
-        return {"d1": {"format": 1.0, "correct": 1.0}, "plain": {"correct": 1.0}}
+        return {"d1": {"d1_correct": 1.0, "d1_format": 1.0}, "d1_fixed": {"format": 1.0, "correct": 1.0},
+                "plain": {"correct": 1.0}}

@@ -6,7 +6,9 @@ Grids are 16-character row-major strings; a puzzle uses ``0`` for an empty cell.
 removing cells from a grid while the solution stays unique. The prompt is the compact template of
 the character-level model: the puzzle then ``=`` (``"3102200002100320="``); the target is the
 solution. A CSV in the public format (header ``Puzzle,Solution``) can replace the generated test
-set via ``task.data_path``.
+set via ``task.data_path``. Reward (``task.rewards``): the share of empty cells filled right
+(``auto`` / ``plain`` / ``d1_fixed``), or d1's own (``d1``: digits by ``str.isdigit``, a closed
+``<answer>`` required, 0 for a puzzle without empty cells).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.rewards import d1_rewards
 from diffusion_rl.rewards.sudoku import (
     DIGITS,
     N_CELLS,
@@ -174,6 +177,15 @@ def _row_problem(fields: list[str]) -> str:
     return ""
 
 
+REWARD_PRESETS = ("auto", "d1", "d1_fixed", "plain")
+
+
+def _d1_cell_reward(prompts: list[str], completions: list[str], **fields: Any) -> list[float]:
+    """d1's Sudoku reward; a bare grid (our compact prompts) is scored as ``<answer>{grid}</answer>``."""
+    tagged = [c if "<answer>" in c else f"<answer>{c}</answer>" for c in completions]
+    return d1_rewards.d1_sudoku_reward(prompts, tagged, **fields)
+
+
 @dataclass
 class SudokuConfig(TaskConfig):
     name: str = "sudoku"
@@ -182,6 +194,7 @@ class SudokuConfig(TaskConfig):
     min_givens: int = 4
     max_givens: int = 10
     test_fraction: float = 0.2  # share of the 288 grids held out (generated test set)
+    rewards: str = "auto"  # auto = d1_fixed = plain (our cell reward) | d1 (d1's own, quirks included)
 
     def validate(self) -> None:
         super().validate()
@@ -197,6 +210,8 @@ class SudokuConfig(TaskConfig):
             )
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError("task.test_fraction", self.test_fraction, "must be in (0, 1)")
+        if self.rewards not in REWARD_PRESETS:
+            raise ConfigError("task.rewards", self.rewards, f"allowed presets: {', '.join(REWARD_PRESETS)}")
 
 
 @TASKS.register("sudoku")
@@ -265,6 +280,8 @@ class SudokuTask(Task):
         return item["solution"]
 
     def reward_functions(self) -> list[tuple[str, RewardFn, float]]:
+        if self.cfg.rewards == "d1":
+            return [("d1_cell", _d1_cell_reward, 1.0)]
         return [("cell", sudoku_cell_reward, 1.0)]
 
     def metrics(
