@@ -48,7 +48,6 @@ BOXED_TRAIN_SYSTEM = (MATH_EXPERT + "Respond in the following format:\n<reasonin
 class Math500Config(TextTaskConfig):
     name: str = "math500"
     eval_batch_size: int = 64  # chat prompts of up to 512 generated tokens
-    num_test: int = 500  # the papers' MATH500 size
     compact_template: str = "{problem}\nA:"
     chat_train_system: str = BOXED_TRAIN_SYSTEM
     chat_user_template: str = "{problem}"
@@ -82,6 +81,7 @@ def _item(row: dict[str, Any], where: str) -> dict[str, Any] | None:
 class Math500Task(TextTask):
     config_class = Math500Config
     cfg: Math500Config
+    metric_help = {"accuracy": "share of items whose final answer (the last \\boxed{} of a chat answer) math-verify finds equal to the gold answer"}
     template_fields = ("problem",)
 
     def load_test(self) -> list[dict[str, Any]]:

@@ -101,6 +101,7 @@ class TextTask(Task):
     cfg: TextTaskConfig
     template_fields: tuple[str, ...] = ()
     correct_reward: float = 2.0  # the "correct" function's value for a right answer
+    metric_help = {"accuracy": "share of items whose answer the task's correctness reward accepts (the papers' metric)"}
 
     def __init__(self, cfg: TextTaskConfig):
         super().__init__(cfg)
@@ -115,7 +116,7 @@ class TextTask(Task):
 
     @abstractmethod
     def load_test(self) -> list[dict[str, Any]]:
-        """Held-out items (at most ``num_test``); called once (cached)."""
+        """Held-out items (all of them unless ``num_test`` caps them); called once (cached)."""
 
     @functools.cached_property
     def _train(self) -> list[dict[str, Any]]:
