@@ -31,7 +31,7 @@ from typing import Any
 
 from diffusion_rl.rewards import code as code_rewards  # module objects: see tasks/text.py
 from diffusion_rl.rewards.sandbox import REASONS, SandboxConfig
-from diffusion_rl.tasks.base import RewardFn
+from diffusion_rl.tasks.base import RewardFn, TaskConfig
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig
 
 EVALPLUS_INSTRUCTION = ("Please provide a self-contained Python script that solves the following problem in a "
@@ -56,7 +56,7 @@ class CodeTaskConfig(TextTaskConfig):
 class CodeTask(TextTask):
     """Base of HumanEval and MBPP; subclasses load items with the fields of ``rewards/code.py``."""
 
-    config_class = CodeTaskConfig
+    config_class: type[TaskConfig] = CodeTaskConfig
     cfg: CodeTaskConfig
     correct_reward = code_rewards.CORRECT_REWARD
 
