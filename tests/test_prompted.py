@@ -5,7 +5,6 @@ Run: pytest tests/test_prompted.py -q
 
 from __future__ import annotations
 
-from diffusion_rl.rewards.answer import MAX_SCAN_CHARS
 from diffusion_rl.rewards.prompted import answer_block, until_end_token
 
 
@@ -15,7 +14,7 @@ def test_answer_block_is_the_last_block_or_none():
     assert answer_block("<answer></answer>") == ""  # a tag with nothing in it
     assert answer_block("so 3 + 4 = 7") is None  # no tag: no block (not the whole text)
     assert answer_block("x</answer>") is None
-    assert answer_block("<answer>1</answer>" + "x" * MAX_SCAN_CHARS) is None  # outside the scanned tail
+    assert answer_block("<answer>1</answer>" + "x" * 200_000) == "1"  # found wherever it is (no tail window)
     assert answer_block(None) is None  # type: ignore[arg-type]
 
 

@@ -2,9 +2,9 @@
 
 Protocol (LLaDA / d1): zero-shot, greedy (temperature 0), ``steps = gen_length / 2``
 (``eval.steps_per_token``), blocks of ``eval.block_length = 32`` tokens (the whole length when
-shorter), every length of ``eval.gen_lengths`` in one call, on the task's test set
-(``task.num_test``: GSM8K 1319, MATH500 500, Countdown 256, Sudoku 256), in batches of
-``eval.batch_size`` with a progress bar. ``eval.gen_lengths: null`` means the papers' lengths
+shorter), every length of ``eval.gen_lengths`` in one call, on the task's test set (every item of
+``task.data_path`` or of the hub's test split unless ``task.num_test`` caps them; 256 generated
+Sudoku / Countdown items), in batches of ``eval.batch_size`` with a progress bar. ``eval.gen_lengths: null`` means the papers' lengths
 ``[128, 256, 512]`` for chat prompts and ``[sampler.gen_length]`` for compact prompts (the embedded
 model, whose answers are a few characters; pass e.g. ``eval.gen_lengths=[16,32]`` to sweep).
 
@@ -16,16 +16,20 @@ a folder of ``{task}_{model}_{length}_{steps}_{shard}_generations.json``), so
 ``python src/eval.py mode=score task=gsm8k eval.protocol=d1 generations=../shared/data/d1_llada_eval``
 gives the papers' LLaDA row; without ``eval.protocol=d1`` the same files get our protocol.
 
-Policies (``policy=``): ``model`` (the configured model, with weights from ``ckpt_path`` if given;
-loaded with ``weights_only=True``, so nothing in a checkpoint is unpickled as code) or
-``reference``, which answers every item with its gold answer in the task's format
+Policies (``policy=``): ``checkpoint`` (the default: the model of ``ckpt_path=<run folder | .ckpt |
+last>``, rebuilt from the run config the checkpoint carries, ``training/restore.py``; loaded with
+``weights_only=True``, so nothing in a checkpoint is unpickled as code), ``init`` (the configured
+model, untrained), ``warmstart`` (the configured model after the warm start, cached as in training)
+or ``reference``, which answers every item with its gold answer in the task's format
 (``task.target(item)``) and so checks prompts, parsing, rewards and metrics end to end without a
-model: it must score 100%. ``mode=score generations=file.jsonl`` re-scores saved generations with the
+model: it must score 100%. Without ``ckpt_path`` an evaluation of a model must name ``init`` or
+``warmstart``: an untrained model scoring 0 is never what a forgotten ``ckpt_path`` should give. ``mode=score generations=file.jsonl`` re-scores saved generations with the
 current task code and config (a fixed parser, another reward), no model needed.
 
 Writes to the run folder ``generations.jsonl`` (one record per length and item: ``gen_length``,
 ``index``, ``prompt``, ``prefill``, ``completion``, ``answer`` (extracted), ``gold``, ``reward``,
-``correct`` where the task has one, and the ``item`` for re-scoring), ``eval_summary.json`` (metrics
+``correct`` where the task has one, the task's own fields (the code tasks' ``sandbox`` verdict:
+``Task.details``), and the ``item`` for re-scoring), ``eval_summary.json`` (metrics
 per length under ``by_length``; the first length's also at top level) and ``eval_summary.md`` (the
 same as a table). A scored response is ``prefill + completion``: the ``<reasoning>`` that ends a chat
 evaluation prompt is part of the answer the format rewards check.
@@ -52,15 +56,20 @@ from diffusion_rl.rewards.d1_eval import D1_PROTOCOLS, d1_score
 from diffusion_rl.rewards.prompted import until_end_token
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks import Task
-from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config
-from diffusion_rl.training.checkpoint import checkpoint_file
+from diffusion_rl.train import EvalConfig, RunConfig, build_task, run_config, warm_start_key
 from diffusion_rl.training.evaluation import generate_texts
+from diffusion_rl.training.restore import (
+    command_line_overrides,
+    load_run_checkpoint,
+    restore_policy,
+)
+from diffusion_rl.training.warmstart import warm_start
 
 log = logging.getLogger(__name__)
 
 PAPER_GEN_LENGTHS = [128, 256, 512]
 MODES = ("generate", "score")
-POLICIES = ("model", "reference")
+POLICIES = ("checkpoint", "init", "warmstart", "reference")
 PROTOCOLS = ("ours", "d1")
 D1_PREFILL = "<reasoning>"  # d1's evaluation prompts end with it (add_reasoning=True)
 
@@ -95,7 +104,8 @@ class EvalRunConfig(RunConfig):
 
     eval: EvalProtocolConfig = field(default_factory=EvalProtocolConfig)
     mode: str = "generate"  # generate | score (re-score `generations` without a model)
-    policy: str = "model"  # model (ckpt_path, or the freshly built model) | reference (gold answers: must score 100%)
+    # checkpoint (ckpt_path) | init (untrained) | warmstart | reference (gold answers: must score 100%)
+    policy: str = "checkpoint"
     generations: str | None = None  # mode=score: a generations.jsonl written by src/eval.py
 
     def validate(self) -> None:
@@ -104,6 +114,14 @@ class EvalRunConfig(RunConfig):
             raise ConfigError("mode", self.mode, f"allowed: {', '.join(MODES)}")
         if self.policy not in POLICIES:
             raise ConfigError("policy", self.policy, f"allowed: {', '.join(POLICIES)}")
+        if self.mode == "score":
+            return
+        if self.policy == "checkpoint" and not self.ckpt_path:
+            raise ConfigError("ckpt_path", None, "evaluate which model? give ckpt_path=<run folder | .ckpt | last>, "
+                              "or policy=init (untrained), policy=warmstart or policy=reference (gold answers)")
+        if self.policy != "checkpoint" and self.ckpt_path:
+            raise ConfigError("ckpt_path", self.ckpt_path, f"policy={self.policy} evaluates no checkpoint: "
+                              "drop ckpt_path, or drop policy (policy=checkpoint)")
 
 
 def gen_lengths(ev: EvalProtocolConfig, task: Task, sampler: SamplerConfig) -> list[int]:
@@ -146,28 +164,6 @@ def _device(name: str) -> torch.device:
         raise ConfigError("eval.device", name, "allowed: auto, cpu, cuda, cuda:N") from err
 
 
-def load_policy_weights(bundle: PolicyBundle, ckpt_path: str | Path) -> None:
-    """Load the policy's weights from a Lightning checkpoint of :class:`DiffusionRLModule`.
-
-    ``ckpt_path`` is a checkpoint file or a run folder (its ``checkpoints/last.ckpt``), as in training.
-    """
-    path = checkpoint_file(ckpt_path)
-    if not path.is_file():
-        raise ConfigError("ckpt_path", str(ckpt_path), f"no checkpoint file at {path}")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - corrupt or foreign file: one clear line
-        raise ConfigError("ckpt_path", str(ckpt_path), f"unreadable checkpoint {path} ({type(err).__name__})") from err
-    state = blob.get("state_dict", blob)
-    policy = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
-    if not policy:
-        raise ConfigError("ckpt_path", str(ckpt_path), "holds no 'policy.*' weights (not a diffusion_rl checkpoint?)")
-    missing, unexpected = bundle.net.load_state_dict(policy, strict=False)
-    if missing or unexpected:
-        raise ConfigError("ckpt_path", str(ckpt_path),
-                          f"does not match model config (missing {len(missing)}, unexpected {len(unexpected)} tensors)")
-
-
 # ---- scoring ------------------------------------------------------------------------------------
 def check_protocol(protocol: str, task: Task) -> None:
     if protocol == "d1" and task.cfg.name not in D1_PROTOCOLS:
@@ -196,8 +192,8 @@ def score_records(task: Task, records: list[dict[str, Any]], protocol: str = "ou
         responses = [r.get("prefill", "") + (r["completion"] if d1 else until_end_token(r["completion"]))
                      for r in group]
         rewards = task.rewards(responses, items).tolist()
-        for r, rew in zip(group, rewards):
-            r.update(gold=task.gold(r["item"]), reward=rew)
+        for r, rew, extra in zip(group, rewards, task.details(responses, items)):
+            r.update(gold=task.gold(r["item"]), reward=rew, **extra)  # extra: the code tasks' sandbox verdict
         if d1:  # d1 parses the generated text alone, without the prefilled "<reasoning>"
             scored, metrics = d1_score(task.cfg.name, [r["completion"] for r in group], items)
             for r, (answer, points, out_of) in zip(group, scored):
@@ -243,11 +239,17 @@ def _fmt(v: Any) -> str:
     return f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
 
-def summary_markdown(task_name: str, by_length: dict[int, dict[str, float]]) -> str:
+def summary_markdown(task_name: str, by_length: dict[int, dict[str, float]], scored: str | None = None,
+                     definitions: dict[str, str] | None = None) -> str:
+    """The metrics table, what was scored, and one line defining each metric."""
     keys = list(next(iter(by_length.values())).keys()) if by_length else []
     lines = [f"| {task_name} gen_length | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for length, m in by_length.items():
         lines.append(f"| {length} | " + " | ".join(_fmt(m[k]) for k in keys) + " |")
+    if scored:
+        lines += ["", f"Scored {scored}."]
+    if definitions:
+        lines += [""] + [f"- `{k}`: {definitions[k]}" for k in keys if k in definitions]
     return "\n".join(lines) + "\n"
 
 
@@ -259,21 +261,48 @@ def write_outputs(run_dir: Path, records: list[dict[str, Any]], summary: dict[st
     with open(run_dir / "eval_summary.json", "w") as f:
         json.dump(summary, f, indent=2)
     by_length = {int(k): v for k, v in summary["by_length"].items()}
-    (run_dir / "eval_summary.md").write_text(summary_markdown(summary["task"], by_length))
+    (run_dir / "eval_summary.md").write_text(summary_markdown(summary["task"], by_length, summary.get("scored"),
+                                                              summary.get("metric_definitions")))
 
 
 def _summary(task: Task, by_length: dict[int, dict[str, float]], **info: Any) -> dict[str, Any]:
     first = next(iter(by_length.values()), {})
+    definitions = task.metric_definitions()
+    if info.get("protocol") == "d1":  # the metric is d1's, not our task's
+        definitions[D1_PROTOCOLS[task.cfg.name].metric] = ("as d1's eval/parse_and_get_acc.py computes it (its parsers, "
+                                                           "quirks included; rewards/d1_eval.py): points over the total")
     return {"task": task.cfg.name, **info, "gen_lengths": list(by_length),
-            "by_length": {str(k): v for k, v in by_length.items()}, **first}
+            "by_length": {str(k): v for k, v in by_length.items()}, **first, "metric_definitions": definitions}
+
+
+def items_scored(task: Task, n: int) -> str:
+    """Which test items an evaluation scored, in words: all of a file, or how many of how many."""
+    cfg = task.cfg
+    if not cfg.data_path:
+        return f"{n} items of the task's own test set (task.num_test={cfg.num_test if cfg.num_test is not None else 'null'})"
+    if cfg.num_test is None:
+        return f"all {n} items of {cfg.data_path}"
+    total = len(type(task)(replace(cfg, num_test=None)).test_items())
+    return f"{n} of the {total} items of {cfg.data_path} (task.num_test={cfg.num_test}; task.num_test=null scores all)"
 
 
 # ---- entry points -------------------------------------------------------------------------------
-def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Generate with ``policy`` at every protocol length, score, and write the outputs."""
+def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Generate with ``policy`` at every protocol length, score, and write the outputs.
+
+    ``overrides``: what the user set explicitly (default: Hydra's command line); with a checkpoint
+    they go on top of the run config it carries (``training/restore.py``).
+    """
     run_dir = Path(run_dir)
     run = run_config(cfg, EvalRunConfig)
     assert isinstance(run, EvalRunConfig)
+    ckpt = None
+    if run.policy == "checkpoint":
+        assert run.ckpt_path is not None  # validated
+        cfg, path, blob = load_run_checkpoint(cfg, run.ckpt_path, command_line_overrides() if overrides is None else overrides)
+        ckpt = (path, blob)
+        run = run_config(cfg, EvalRunConfig)  # eval.batch_size follows the run's task
+        assert isinstance(run, EvalRunConfig)
     policy, ev = run.policy, run.eval
     task = build_task(cfg.task)
     sampler = from_dict(SamplerConfig, cfg.sampler, "sampler")
@@ -281,18 +310,21 @@ def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     for length in lengths:
         protocol_sampler(sampler, length, ev)  # a bad length fails before any model is built
     check_protocol(ev.protocol, task)
+    device = _device(ev.device)
+    items = task.test_items()  # and a missing or malformed test file
     bundle = None
-    if policy == "model":
+    if policy != "reference":
         bundle = build_policy(from_dict(ModelConfig, cfg.model, "model"))
-        if cfg.get("ckpt_path"):
-            load_policy_weights(bundle, cfg.ckpt_path)
-        bundle.net.to(_device(ev.device))
+        if ckpt is not None:
+            restore_policy(bundle, ckpt[1], ckpt[0], str(run.ckpt_path))
+        elif policy == "warmstart":
+            warm_start(bundle, task, sampler.gen_length, run.warmstart, warm_start_key(cfg), cfg.paths.cache_dir, ev.progress)
+        bundle.net.to(device)
         task.use_tokenizer(bundle.tokenizer)
-    items = task.test_items()
     records = generate_records(task, items, lengths, policy, bundle, sampler, ev)
     by_length = score_records(task, records, ev.protocol)
-    summary = _summary(task, by_length, policy=policy, protocol=ev.protocol, ckpt_path=cfg.get("ckpt_path"),
-                       num_items=len(items))
+    summary = _summary(task, by_length, policy=policy, protocol=ev.protocol, ckpt_path=str(ckpt[0]) if ckpt else None,
+                       num_items=len(items), scored=items_scored(task, len(items)))
     write_outputs(run_dir, records, summary)
     return summary
 

@@ -23,7 +23,7 @@ Deviations from d1's functions (corrections, preset ``d1_fixed``):
   floored at 0. d1 subtracts the trailing text twice (once per closing-tag spelling) and can go negative.
 * The format checks are literal ``str.find`` scans equivalent to d1's regexes *with* DOTALL
   (d1's have none, so a reasoning over several lines fails both of d1's checks; here it passes),
-  linear in the input; completions longer than 100k characters score 0 format.
+  linear in the input (in C), so they need no length cap.
 * ``int_reward`` is d1's ``str.isdigit`` restricted to ASCII: ``"٣"`` and ``"²"`` are not integers.
   Likewise only ASCII ``0-9`` are digits everywhere here: unicode digits are never normalised.
 """
@@ -45,7 +45,6 @@ CORRECT_REWARD = 2.0
 FORMAT_REWARD = 0.5
 XML_TAG_REWARD = 0.125
 TRAILING_PENALTY = 0.001  # per character after the final </answer>
-MAX_FORMAT_CHARS = 100_000
 MAX_NUMBER_CHARS = 100
 
 # a number that is neither an exponent (^2, ^{2}) nor a base (5², 5^2), nor the tail of a longer run
@@ -153,7 +152,7 @@ def xml_count_score(text: str) -> float:
 
 def strict_format_ok(text: str) -> bool:
     """d1's ``re.match(r"^<reasoning>\\n.*?\\n</reasoning>\\n<answer>\\n.*?\\n</answer>\\n$", DOTALL)``."""
-    if not isinstance(text, str) or len(text) > MAX_FORMAT_CHARS:
+    if not isinstance(text, str):
         return False
     head, mid, tail = "<reasoning>\n", "\n</reasoning>\n<answer>\n", "\n</answer>\n"
     if not text.startswith(head):
@@ -170,11 +169,7 @@ def strict_format_ok(text: str) -> bool:
 
 def soft_format_ok(text: str) -> bool:
     """d1's ``re.match(r"<reasoning>.*?</reasoning>\\s*<answer>.*?</answer>", DOTALL)``."""
-    if (
-        not isinstance(text, str)
-        or len(text) > MAX_FORMAT_CHARS
-        or not text.startswith("<reasoning>")
-    ):
+    if not isinstance(text, str) or not text.startswith("<reasoning>"):
         return False
     m = _REASONING_TO_ANSWER_RE.search(text, len("<reasoning>"))
     return m is not None and text.find("</answer>", m.end()) >= 0

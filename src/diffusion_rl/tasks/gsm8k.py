@@ -35,7 +35,6 @@ _CALC_RE = re.compile(r"<<[^>]*>>")
 class GSM8KConfig(TextTaskConfig):
     name: str = "gsm8k"
     eval_batch_size: int = 64  # chat prompts of up to 512 generated tokens
-    num_test: int = 1319  # the whole test split, as the papers
     compact_template: str = "{question}\nA:"
     chat_user_template: str = "{question}"
     hub_id: str = "openai/gsm8k"
@@ -51,6 +50,8 @@ def _items(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class GSM8KTask(TextTask):
     config_class = GSM8KConfig
     cfg: GSM8KConfig
+    metric_help = {"accuracy": "share of items whose final number equals the gold answer (after removing , $ and .0; "
+                               "task.strict_string=true: as strings)"}
     template_fields = ("question",)
 
     def load_test(self) -> list[dict[str, Any]]:

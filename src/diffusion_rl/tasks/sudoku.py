@@ -160,42 +160,50 @@ def split_grids(seed: int, test_fraction: float, val_fraction: float = 0.0) -> t
 
 
 # ---- data ---------------------------------------------------------------------------------------
-def load_sudoku_csv(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a ``Puzzle,Solution`` CSV as ``{"puzzle", "solution"}`` dicts, validated."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"Sudoku CSV not found: {path}")
+def load_sudoku_csv(path: str | Path, key: str = "task.data_path") -> list[dict[str, str]]:
+    """Rows of a ``Puzzle,Solution`` CSV as ``{"puzzle", "solution"}`` dicts, validated; a missing
+    file or a bad row is a one-line :class:`ConfigError` on ``key`` naming the line."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(key, str(path), "no such file")
     items: list[dict[str, str]] = []
-    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig drops a BOM
-        reader = csv.reader(f)
-        header_seen = False
-        for row in reader:
-            fields = [x.strip() for x in row]
-            if not any(fields):
-                continue  # blank line
-            where = f"{path}, line {reader.line_num}"
-            if not header_seen:
-                if [x.lower() for x in fields] != ["puzzle", "solution"]:
-                    raise ValueError(f"{where}: expected header 'Puzzle,Solution', got {row!r}")
-                header_seen = True
-                continue
-            items.append(_parse_row(fields, where))
+    try:
+        with file.open(newline="", encoding="utf-8-sig") as f:  # -sig drops a BOM
+            reader = csv.reader(f)
+            header_seen = False
+            for row in reader:
+                fields = [x.strip() for x in row]
+                if not any(fields):
+                    continue  # blank line
+                where = f"line {reader.line_num}"
+                if not header_seen:
+                    if [x.lower() for x in fields] != ["puzzle", "solution"]:
+                        raise ConfigError(key, str(path), f"{where}: expected header 'Puzzle,Solution', got {row!r}")
+                    header_seen = True
+                    continue
+                problem = _row_problem(fields)
+                if problem:
+                    raise ConfigError(key, str(path), f"{where}: {problem}")
+                items.append({"puzzle": fields[0], "solution": fields[1]})
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise ConfigError(key, str(path), f"not a readable CSV file ({type(err).__name__})") from None
     if not header_seen:
-        raise ValueError(f"{path}: empty file, expected header 'Puzzle,Solution'")
+        raise ConfigError(key, str(path), "empty file, expected header 'Puzzle,Solution'")
     return items
 
 
-def _parse_row(fields: list[str], where: str) -> dict[str, str]:
+def _row_problem(fields: list[str]) -> str:
+    """What is wrong with a ``Puzzle,Solution`` row ('' if nothing)."""
     if len(fields) != 2:
-        raise ValueError(f"{where}: expected 2 columns, got {len(fields)}")
+        return f"expected 2 columns, got {len(fields)}"
     puzzle, solution = fields
     if len(puzzle) != N_CELLS or any(c not in _PUZZLE_CHARS for c in puzzle):
-        raise ValueError(f"{where}: puzzle must be {N_CELLS} digits 0-4, got {puzzle!r}")
+        return f"puzzle must be {N_CELLS} digits 0-4, got {puzzle!r}"
     if not is_valid_solution(solution):
-        raise ValueError(f"{where}: solution is not a valid 4x4 grid: {solution!r}")
+        return f"solution is not a valid 4x4 grid: {solution!r}"
     if not keeps_givens(solution, puzzle):
-        raise ValueError(f"{where}: solution contradicts the puzzle's givens")
-    return {"puzzle": puzzle, "solution": solution}
+        return "solution contradicts the puzzle's givens"
+    return ""
 
 
 REWARD_PRESETS = ("auto", "d1", "d1_fixed", "plain")
@@ -245,6 +253,12 @@ class SudokuTask(Task):
 
     config_class = SudokuConfig
     cfg: SudokuConfig
+    metric_help = {
+        "cell_accuracy": "share of each puzzle's empty cells filled with the reference digit, averaged over puzzles",
+        "solved_rate": "share of puzzles whose empty cells all match the reference (given cells are not checked)",
+        "valid_rate": "share of answers that are a valid grid keeping every given: an answer that rewrites "
+                      "a given cell is not valid, so this can be below solved_rate",
+    }
 
     @functools.cached_property
     def _csv_items(self) -> list[dict[str, str]] | None:
@@ -282,7 +296,7 @@ class SudokuTask(Task):
     def test_items(self) -> list[dict[str, Any]]:
         if self._csv_items is not None:
             return [dict(it) for it in self._csv_items[: self.cfg.num_test]]
-        return self._held_out(self._grids()[2], self.cfg.num_test, "test")
+        return self._held_out(self._grids()[2], self.cfg.generated_num_test, "test")
 
     def validation_items(self) -> list[dict[str, Any]]:
         """Puzzles of the validation grids (none of them a training or test grid)."""

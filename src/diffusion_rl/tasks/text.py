@@ -101,6 +101,7 @@ class TextTask(Task):
     cfg: TextTaskConfig
     template_fields: tuple[str, ...] = ()
     correct_reward: float = 2.0  # the "correct" function's value for a right answer
+    metric_help = {"accuracy": "share of items whose answer the task's correctness reward accepts (the papers' metric)"}
 
     def __init__(self, cfg: TextTaskConfig):
         super().__init__(cfg)
@@ -115,7 +116,7 @@ class TextTask(Task):
 
     @abstractmethod
     def load_test(self) -> list[dict[str, Any]]:
-        """Held-out items (at most ``num_test``); called once (cached)."""
+        """Held-out items (all of them unless ``num_test`` caps them); called once (cached)."""
 
     @functools.cached_property
     def _train(self) -> list[dict[str, Any]]:
@@ -217,12 +218,16 @@ class TextTask(Task):
         for name, weight in spec.items():
             if name not in catalogue:
                 raise ConfigError("task.rewards", name, f"unknown reward; allowed: {', '.join(sorted(catalogue))}")
-            fn = _as_answer(catalogue[name]) if self.compact else catalogue[name]
-            out.append((name, fn, float(weight)))
+            out.append((name, self.as_scored(catalogue[name]), float(weight)))
         return out
 
     def reward_functions(self) -> list[tuple[str, RewardFn, float]]:
         return list(self._rewards)
+
+    def as_scored(self, fn: RewardFn) -> RewardFn:
+        """A catalogue function as the task applies it: a compact completion is the bare answer, scored
+        as ``<answer>{completion}</answer>``."""
+        return _as_answer(fn) if self.compact else fn
 
     def correctness_reward(self) -> RewardFn:
         """The reward function behind :meth:`correctness` (the catalogue's ``correct``)."""
@@ -230,8 +235,7 @@ class TextTask(Task):
 
     def correctness(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[bool]:
         """Whether each completion's answer is right (the ``correct`` reward at full value)."""
-        fn = self.correctness_reward()
-        fn = _as_answer(fn) if self.compact else fn
+        fn = self.as_scored(self.correctness_reward())
         fields = {k: [it.get(k) for it in items] for k in items[0]} if items else {}
         prompts = [""] * len(completions)
         return [v >= self.correct_reward for v in fn(prompts, list(completions), **fields)]
