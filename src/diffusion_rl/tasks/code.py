@@ -59,6 +59,11 @@ class CodeTask(TextTask):
     config_class: type[TaskConfig] = CodeTaskConfig
     cfg: CodeTaskConfig
     correct_reward = code_rewards.CORRECT_REWARD
+    metric_help = {
+        "pass@1": "share of problems whose greedy program passes every test in the sandbox",
+        "tests_passed": "share of each problem's tests the program passes, averaged over problems",
+        **{f"frac/{r}": f"share of programs whose sandbox verdict is {r}" for r in REASONS},
+    }
 
     def __init__(self, cfg: CodeTaskConfig):
         self.code_reward = code_rewards.CodeReward(cfg.sandbox)  # before the base resolves the rewards
