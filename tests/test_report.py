@@ -84,7 +84,7 @@ def test_report_on_two_runs_and_a_failed_one(multirun):
     assert "| 1 | 50.000 | 0.300 | - |" in rows["eps=1000"]  # what it logged before failing
     assert "held-out cell_accuracy before -> after" in text
     assert "3 runs, 1 failed" in text
-    assert "![pre-clip gradient norm (x = spike)](grad_norm.png)" in text
+    assert "![pre-clip gradient norm (x = spike; dotted: optim.grad_clip)](grad_norm.png)" in text
 
 
 def test_a_run_without_summary_or_failed_json_is_failed_not_a_crash(tmp_path):
@@ -168,3 +168,45 @@ def test_ema_is_debiased_and_smooths():
     assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0 at the start
     out = ema([0.0, 1.0] * 20, 0.9)
     assert max(out[-10:]) - min(out[-10:]) < 0.2 and out[-1] == pytest.approx(0.5, abs=0.1)
+
+
+@pytest.fixture
+def seeded(tmp_path):
+    """Two conditions x two seeds, each run with its after-RL per-item test rewards."""
+    root = tmp_path / "seeded"
+    items = {"a": [[1.0, 1.0, 0.5, 0.5], [1.0, 0.5, 1.0, 1.0]], "b": [[0.5, 0.5, 0.5, 0.0], [0.5, 0.5, 1.0, 0.5]]}
+    for job, (cond, seed) in enumerate([("a", 0), ("a", 1), ("b", 0), ("b", 1)]):
+        folder = root / f"{job}_ablation={cond},seed={seed}"
+        scores = items[cond][seed]
+        write_run(folder, [f"ablation={cond}", f"seed={seed}"], norms=[1, 2, 3, 4], spikes=[0, 0, 0, 1],
+                  rewards=[0.5, 0.6],
+                  summary={"before": {"cell_accuracy": 0.5}, "after": {"cell_accuracy": sum(scores) / 4},
+                           "optimizer_steps": 4, "skipped_updates": 0, "config": {"seed": seed, "optim": {"grad_clip": 2.0}}})
+        (folder / "eval_generations.jsonl").write_text("".join(json.dumps({"reward": v}) + "\n" for v in scores))
+    return root
+
+
+def test_seeds_are_aggregated_with_mean_sd_bands_and_paired_bootstrap(seeded, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from diffusion_rl.report_groups import group_runs, paired_bootstrap
+
+    figures = {}
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.setdefault(fig.axes[0].get_title(), fig))
+    report, runs = build_report(seeded)
+    groups = group_runs(runs)
+    assert list(groups) == ["ablation=a", "ablation=b"] and all(len(g) == 2 for g in groups.values())
+    text = report.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| ablation=a |"))
+    # after: seed 0 0.75, seed 1 0.875 -> mean 0.8125, sd 0.0884; gain 0.3125
+    assert "| 2/2 | 0.500 ± 0.000 | 0.812 ± 0.088 | 0.312 ± 0.088 |" in row
+    mean, lo, hi, n = paired_bootstrap(groups["ablation=b"], groups["ablation=a"])
+    assert n == 2 and mean == pytest.approx((1.5 - 3.0 + 2.5 - 3.5) / 8)  # per-item differences, pooled
+    assert lo <= mean <= hi < 0  # b is worse on every seed: the interval excludes 0
+    assert "| ablation=b | 2 | -0.3125 |" in text
+    grad = figures["pre-clip gradient norm (x = spike; dotted: optim.grad_clip) (line: mean over seeds; band: their range)"].axes[0]
+    assert any(line.get_label() == "clip threshold 2" for line in grad.get_lines())
+    assert len(grad.collections) == 2  # one band per condition
+    for fig in figures.values():
+        real_close(fig)
