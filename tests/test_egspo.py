@@ -393,13 +393,14 @@ def test_selection_experiment_sweeps_selectors_and_seeds_with_egspo_defaults(tmp
 
     from .helpers import CONF, compose_cfg
 
-    cfg = compose_cfg(["experiment=egspo_selection"], tmp_path)
+    cfg = compose_cfg(["experiment=egspo_selection"], tmp_path, tiny=False)
     assert cfg.objective.name == "egspo" and cfg.optim.lr == pytest.approx(1e-4) and cfg.task.name == "sudoku"
+    assert (cfg.objective.K, cfg.sampler.steps) == (2, 16)  # one step in eight, as the paper's 8 of 128
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         full = compose(config_name="config", overrides=["experiment=egspo_selection"], return_hydra_config=True)
     params = full.hydra.sweeper.params
-    assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform"}
-    assert len(params["seed"].split(",")) >= 2
+    assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform", "low_entropy"}
+    assert len(params["seed"].split(",")) == 3
 
 
 def test_low_entropy_selector_is_the_mirror_of_entropy():

@@ -117,6 +117,8 @@ def run_stats(run: RunData) -> dict[str, Any]:
         "spikes": int(spikes[-1][1]) if spikes else int(sum(v for _, v in m.get("grad/spike", []))),
         "max_grad_norm": max(norms) if norms else math.nan,
         "final_reward": sum(rewards[-FINAL_WINDOW:]) / len(rewards[-FINAL_WINDOW:]) if rewards else math.nan,
+        # the share of ratios the objective clipped, over every update: 0 means eps never acted
+        "clip_frac": _mean(v for k in ("ratio/clip_frac_high", "ratio/clip_frac_low") for _, v in m.get(k, [])),
         "acc_key": acc_key,
         "acc_before": before.get(acc_key, math.nan) if acc_key else math.nan,
         "acc_after": after.get(acc_key, math.nan) if acc_key else math.nan,
@@ -140,15 +142,20 @@ def markdown_table(runs: list[RunData]) -> str:
     keys = {r.stats["acc_key"] for r in runs if r.stats["acc_key"]}
     acc_name = keys.pop() if len(keys) == 1 else "accuracy"
     head = ["run", "status", "steps", "grad spikes", "max grad norm", f"final reward (last {FINAL_WINDOW})",
-            f"held-out {acc_name} before -> after", "skipped updates"]
+            f"held-out {acc_name} before -> after", "skipped updates", "ratios clipped"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         st = r.stats
         status = st["status"] if not st["error"] else f"failed: {st['error']}"
         acc = f"{fmt(st['acc_before'])} -> {fmt(st['acc_after'])}" if not r.failed else "-"
         lines.append("| " + " | ".join([r.label, status, str(st["steps"]), str(st["spikes"]), fmt(st["max_grad_norm"]),
-                                         fmt(st["final_reward"]), acc, str(st["skipped"])]) + " |")
+                                         fmt(st["final_reward"]), acc, str(st["skipped"]), fmt(st["clip_frac"])]) + " |")
     return "\n".join(lines)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
 
 
 def fmt(x: Any) -> str:

@@ -42,6 +42,7 @@ read from a public SPG-based implementation of it (not verified against every re
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -59,6 +60,7 @@ from diffusion_rl.objectives.base import (
     ratio_metrics,
 )
 
+log = logging.getLogger(__name__)
 _LOG_W_MAX = 80.0  # exp(80) ~ 5.5e34: keeps the unnormalised group_size weights finite in float32
 
 
@@ -150,6 +152,11 @@ class StableDRL(Objective):
 
     def __init__(self, cfg: StableDRLConfig, likelihood):
         super().__init__(cfg, likelihood)
+        if cfg.mu == 1 and cfg.share_masks_with_old and cfg.clip != "none":
+            log.warning("objective.eps=%g cannot act: with mu=1 and masks shared with the old policy every "
+                        "log-ratio is exactly 0. Clipping acts with fresh masks (objective.share_masks_with_old="
+                        "false) or several inner updates (objective.mu > 1); the report shows the clipped share",
+                        cfg.eps)
         if likelihood.per_token:
             raise ConfigError("likelihood.name", likelihood.cfg.name,
                               "StableDRL needs a sequence-level estimator: elbo or staircase")
