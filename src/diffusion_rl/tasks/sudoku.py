@@ -144,18 +144,12 @@ def make_puzzle(solution: str, rng: random.Random, min_givens: int, max_givens: 
     return "".join(cells)
 
 
-def split_grids(seed: int, test_fraction: float, val_fraction: float = 0.0) -> tuple[list[str], list[str], list[str]]:
-    """Seeded split of the 288 grids into disjoint ``(train, validation, test)`` lists, each sorted.
-
-    The test grids depend on ``test_fraction`` only (the first of the shuffled grids), so adding a
-    validation split leaves the test set unchanged.
-    """
+def split_grids(seed: int, test_fraction: float) -> tuple[list[str], list[str]]:
+    """Seeded split of the 288 grids into disjoint ``(train, test)`` lists, each sorted."""
     grids = all_solution_grids()
     random.Random(f"sudoku/split/{seed}").shuffle(grids)
     n_test = min(len(grids) - 1, max(1, round(test_fraction * len(grids))))
-    n_val = min(len(grids) - n_test - 1, round(val_fraction * len(grids)))
-    test, val, train = grids[:n_test], grids[n_test:n_test + n_val], grids[n_test + n_val:]
-    return sorted(train), sorted(val), sorted(test)
+    return sorted(grids[n_test:]), sorted(grids[:n_test])
 
 
 
@@ -223,7 +217,6 @@ class SudokuConfig(TaskConfig):
     min_givens: int = 4
     max_givens: int = 10
     test_fraction: float = 0.2  # share of the 288 grids held out (generated test set)
-    val_fraction: float = 0.1  # share of the grids held out for validation (never trained on)
     rewards: str = "auto"  # auto = d1_fixed = plain (our cell reward) | d1 (d1's own, quirks included)
 
     def validate(self) -> None:
@@ -240,9 +233,6 @@ class SudokuConfig(TaskConfig):
             )
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError("task.test_fraction", self.test_fraction, "must be in (0, 1)")
-        if not 0.0 <= self.val_fraction < 1.0 - self.test_fraction:
-            raise ConfigError("task.val_fraction", self.val_fraction,
-                              f"must be in [0, 1 - task.test_fraction={self.test_fraction})")
         if self.rewards not in REWARD_PRESETS:
             raise ConfigError("task.rewards", self.rewards, f"allowed presets: {', '.join(REWARD_PRESETS)}")
 
@@ -264,14 +254,11 @@ class SudokuTask(Task):
     def _csv_items(self) -> list[dict[str, str]] | None:
         return load_sudoku_csv(self.cfg.data_path) if self.cfg.data_path else None
 
-    def _grids(self) -> tuple[list[str], list[str], list[str]]:
-        return split_grids(self.cfg.seed, self.cfg.test_fraction, self.cfg.val_fraction)
-
     def train_grids(self) -> list[str]:
-        """Grids training puzzles come from: never a grid of the test or validation set."""
+        """Grids training puzzles come from: never a grid of the test set."""
         if self._csv_items is None:
-            return self._grids()[0]
-        held_out = {it["solution"] for it in self._csv_items} | set(self._grids()[1])
+            return split_grids(self.cfg.seed, self.cfg.test_fraction)[0]
+        held_out = {it["solution"] for it in self._csv_items}
         grids = [g for g in all_solution_grids() if g not in held_out]
         if not grids:
             raise ConfigError(
@@ -281,7 +268,8 @@ class SudokuTask(Task):
             )
         return grids
 
-    def train_items(self) -> list[dict[str, Any]]:
+    @functools.cached_property
+    def _train_pool(self) -> list[dict[str, Any]]:
         rng = random.Random(self.cfg.seed)
         grids = self.train_grids()
         cfg = self.cfg
@@ -293,20 +281,23 @@ class SudokuTask(Task):
             )
         return items
 
+    def train_items(self) -> list[dict[str, Any]]:
+        return list(self._train_pool)
+
     def test_items(self) -> list[dict[str, Any]]:
         if self._csv_items is not None:
             return [dict(it) for it in self._csv_items[: self.cfg.num_test]]
-        return self._held_out(self._grids()[2], self.cfg.generated_num_test, "test")
+        test_grids = split_grids(self.cfg.seed, self.cfg.test_fraction)[1]
+        return self._held_out(test_grids, self.cfg.generated_num_test, "test")
 
     def validation_items(self) -> list[dict[str, Any]]:
-        """Puzzles of the validation grids (none of them a training or test grid)."""
-        held_out = {it["solution"] for it in self._csv_items} if self._csv_items is not None else set()
-        grids = [g for g in self._grids()[1] if g not in held_out]
-        if not grids:
-            raise ConfigError("task.val_fraction", self.cfg.val_fraction, "leaves no validation grid; use > 0")
-        return self._held_out(grids, self.cfg.num_val, "validation")
+        """Fresh puzzles of the training grids, none of them a training or test puzzle: the test set
+        alone holds out whole grids (288 grids leave too few for a third grid-level split), and the
+        training pool is the one it would be without a validation split."""
+        exclude = {it["puzzle"] for it in self._train_pool} | {it["puzzle"] for it in self.test_items()}
+        return self._held_out(self.train_grids(), self.cfg.num_val, "validation", exclude)
 
-    def _held_out(self, grids: list[str], n: int, split: str) -> list[dict[str, Any]]:
+    def _held_out(self, grids: list[str], n: int, split: str, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
         cfg = self.cfg
         rng = random.Random(f"sudoku/{split}/{cfg.seed}")  # independent of the training stream
         seen: dict[str, str] = {}
@@ -315,7 +306,9 @@ class SudokuTask(Task):
             if len(seen) == n:
                 break
             grid = rng.choice(grids)
-            seen.setdefault(make_puzzle(grid, rng, cfg.min_givens, cfg.max_givens), grid)
+            puzzle = make_puzzle(grid, rng, cfg.min_givens, cfg.max_givens)
+            if puzzle not in exclude:
+                seen.setdefault(puzzle, grid)
         return [{"puzzle": p, "solution": s} for p, s in seen.items()]
 
     def reward_token_mask(self, item: dict[str, Any], tokens: list[str]) -> list[bool]:
