@@ -1,0 +1,123 @@
+"""Where a denoising step's logits come from: a full forward, or a prefix / dual key-value cache
+(Fast-dLLM; SPEC §10). Used by :func:`~diffusion_rl.sampling.sampler.generate`.
+
+- ``cache=none``: one forward over the whole sequence every step (the exact sampler of SPEC §2).
+- ``cache=prefix``: at a block's first step, one full forward (it serves as that step) whose keys
+  and values of everything *before* the block are kept; the block's later steps run the block and
+  the masked suffix after it against them.
+- ``cache=dual``: the same full forward also keeps the keys and values of the suffix *after* the
+  block; later steps run only the block's tokens, against the cached prefix and suffix.
+
+For a bidirectional model both are approximations: the cached states of the prefix would change if
+recomputed (its tokens attend to the block, which is being filled in) and so would the suffix's.
+They are refreshed by a full forward at each block start, and every ``sampler.cache_refresh``
+steps inside a block when that is set (``cache_refresh=1`` recomputes everything every step: the
+exact sampler, token for token). ``benchmarks/rollout.py`` measures how far the logits move.
+
+The network must follow the cache convention of :class:`~diffusion_rl.models.policy.KVCacheLM`;
+``dual`` concatenates the prefix's and the suffix's cached keys and runs the block after them, which
+a full-attention model computes exactly as if the block sat between them (attention has no notion of
+order beyond the positions, which are passed explicitly).
+
+A step returns ``(offset, logits (B, R, V))``: the logits of positions ``offset .. offset + R``
+(the whole sequence at a refresh). :meth:`StepLogits.widen` gives a recorder full-width tensors; the
+logits of positions this step did not compute are the latest ones computed there (from the last
+refresh), which is what EGSPO-SA's greedy completions of later positions then read.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from diffusion_rl.models.policy import KVCache, check_cache_support
+from diffusion_rl.sampling.sampler import CommitStats, Forward, SamplerConfig, guided_logits
+
+
+class StepLogits:
+    """``cache=none``: every step is a full forward (with classifier-free guidance if configured)."""
+
+    def __init__(self, cfg: SamplerConfig, forward: Forward, attn: torch.Tensor | None, prompt_len: int,
+                 mask_id: int, stats: CommitStats, keep_full: bool):
+        self.cfg, self.forward, self.attn = cfg, forward, attn
+        self.prompt_len, self.mask_id, self.stats, self.keep_full = prompt_len, mask_id, stats, keep_full
+        self.full: torch.Tensor | None = None  # (B, T, V) latest logits at every position (recorders)
+
+    def __call__(self, x: torch.Tensor, start: int, end: int, i: int) -> tuple[int, torch.Tensor]:
+        """Logits of step ``i`` of the block ``[start, end)`` for the state ``x`` (B, T)."""
+        self.stats.forward(x.shape[1], 2 if self.cfg.cfg_scale > 0 else 1)
+        return 0, guided_logits(self.forward, x, self.attn, self.cfg.cfg_scale, self.prompt_len, self.mask_id)
+
+    def refresh_now(self, i: int) -> bool:
+        every = self.cfg.cache_refresh
+        return i == 0 or (every > 0 and i % every == 0)
+
+    def widen(self, x: torch.Tensor, logits: torch.Tensor, cand: torch.Tensor, commit: torch.Tensor,
+              offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Full-width (B, T, V) logits, (B, T) candidates and committed positions of a step."""
+        T, R = x.shape[1], logits.shape[1]
+        if R == T:
+            self.full = logits if self.keep_full else None
+            return logits, cand, commit
+        assert self.full is not None, "a cached step follows a refresh"
+        self.full[:, offset:offset + R] = logits
+        full_cand, full_commit = x.clone(), torch.zeros_like(x, dtype=torch.bool)
+        full_cand[:, offset:offset + R] = cand
+        full_commit[:, offset:offset + R] = commit
+        return self.full, full_cand, full_commit
+
+
+class CachedStepLogits(StepLogits):
+    """``cache=prefix|dual`` on a network following the :class:`~diffusion_rl.models.policy.KVCacheLM`
+    convention."""
+
+    def __init__(self, cfg: SamplerConfig, net: nn.Module, attn: torch.Tensor | None, prompt_len: int,
+                 mask_id: int, stats: CommitStats, keep_full: bool):
+        super().__init__(cfg, lambda ids, a: net(input_ids=ids, attention_mask=a).logits.float(), attn,
+                         prompt_len, mask_id, stats, keep_full)
+        self.net = net
+        self.past: KVCache | None = None
+        self.block = (-1, -1)
+
+    def positions(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T) position ids, as the model derives them from the padding mask in a full forward."""
+        if self.attn is None:
+            return torch.arange(x.shape[1], device=x.device).expand_as(x)
+        return (self.attn.long().cumsum(-1) - 1).clamp(min=0)
+
+    def __call__(self, x: torch.Tensor, start: int, end: int, i: int) -> tuple[int, torch.Tensor]:
+        T = x.shape[1]
+        if self.refresh_now(i) or self.block != (start, end):
+            out = self.net(input_ids=x, attention_mask=self.attn, use_cache=True)
+            self.stats.forward(T)
+            keep = [(0, start)] if self.cfg.cache == "prefix" else [(0, start), (end, T)]
+            self.past = [(_slices(k, keep), _slices(v, keep)) for k, v in out.past_key_values]
+            self.block = (start, end)
+            return 0, out.logits.float()
+        pos = self.positions(x)
+        if self.cfg.cache == "prefix":  # the block and the masked suffix against the cached prefix
+            ids, attn, new = x[:, start:], self.attn, slice(start, T)
+        else:  # the block alone, against the cached prefix then suffix (keys in that order)
+            ids, new = x[:, start:end], slice(start, end)
+            attn = None if self.attn is None else torch.cat(
+                [self.attn[:, :start], self.attn[:, end:], self.attn[:, start:end]], 1)
+        out = self.net(input_ids=ids, attention_mask=attn, position_ids=pos[:, new], past_key_values=self.past)
+        self.stats.forward(ids.shape[1])
+        return start, out.logits.float()
+
+
+def _slices(t: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """The positions ``ranges`` of a cached (B, H, S, Dh) tensor, concatenated along S."""
+    parts = [t[:, :, a:b] for a, b in ranges if b > a] or [t[:, :, :0]]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+
+def step_logits(cfg: SamplerConfig, forward: Forward, net: nn.Module | None, attn: torch.Tensor | None,
+                prompt_len: int, mask_id: int, stats: CommitStats, keep_full: bool) -> StepLogits:
+    """The step-logits source ``cfg.cache`` asks for (``net`` is needed by the caches)."""
+    if cfg.cache == "none":
+        return StepLogits(cfg, forward, attn, prompt_len, mask_id, stats, keep_full)
+    if net is None:
+        raise ValueError(f"sampler.cache={cfg.cache} needs the network (generate(..., net=...))")
+    check_cache_support(net, cfg.cache)
+    return CachedStepLogits(cfg, net, attn, prompt_len, mask_id, stats, keep_full)
