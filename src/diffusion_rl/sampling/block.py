@@ -111,8 +111,7 @@ def block_generate(
     step = 0
     for start in range(P, P + L, bs):
         end = start + bs
-        open_ = lambda: bool((x[:, start:end] == mask_id).any())  # noqa: E731 - reads the current x
-        for k in block_schedule(cfg, (x[:, start:end] == mask_id).sum(-1), n_steps, open_):
+        for k in block_schedule(cfg, x[:, start:end], mask_id, n_steps):  # a view: sees the commits
             blk = x[:, start:end]  # (B, bs)
             if use_cache:
                 logits = net(input_ids=blk, attention_mask=keep[:, :end], past_key_values=cache).logits.float()

@@ -27,30 +27,34 @@ refresh), which is what EGSPO-SA's greedy completions of later positions then re
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from diffusion_rl.models.policy import KVCache, check_cache_support
-from diffusion_rl.sampling.sampler import CommitStats, Forward, SamplerConfig, guided_logits
+
+Count = Callable[[int, int], None]  # (query positions per row, model rows per sample) of one model call
 
 
 class StepLogits:
-    """``cache=none``: every step is a full forward (with classifier-free guidance if configured)."""
+    """``cache=none``: every step is a full forward (``full(x) -> logits (B, T, V)``, with classifier-free
+    guidance if configured: ``passes = 2`` model rows per sample)."""
 
-    def __init__(self, cfg: SamplerConfig, forward: Forward, attn: torch.Tensor | None, prompt_len: int,
-                 mask_id: int, stats: CommitStats, keep_full: bool):
-        self.cfg, self.forward, self.attn = cfg, forward, attn
-        self.prompt_len, self.mask_id, self.stats, self.keep_full = prompt_len, mask_id, stats, keep_full
+    def __init__(self, full: Callable[[torch.Tensor], torch.Tensor] | None, passes: int, count: Count,
+                 refresh_every: int = 0, keep_full: bool = False):
+        self.full_forward, self.passes, self.count = full, passes, count
+        self.refresh_every, self.keep_full = refresh_every, keep_full
         self.full: torch.Tensor | None = None  # (B, T, V) latest logits at every position (recorders)
 
     def __call__(self, x: torch.Tensor, start: int, end: int, i: int) -> tuple[int, torch.Tensor]:
         """Logits of step ``i`` of the block ``[start, end)`` for the state ``x`` (B, T)."""
-        self.stats.forward(x.shape[1], 2 if self.cfg.cfg_scale > 0 else 1)
-        return 0, guided_logits(self.forward, x, self.attn, self.cfg.cfg_scale, self.prompt_len, self.mask_id)
+        assert self.full_forward is not None
+        self.count(x.shape[1], self.passes)
+        return 0, self.full_forward(x)
 
     def refresh_now(self, i: int) -> bool:
-        every = self.cfg.cache_refresh
-        return i == 0 or (every > 0 and i % every == 0)
+        return i == 0 or (self.refresh_every > 0 and i % self.refresh_every == 0)
 
     def widen(self, x: torch.Tensor, logits: torch.Tensor, cand: torch.Tensor, commit: torch.Tensor,
               offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,13 +73,12 @@ class StepLogits:
 
 class CachedStepLogits(StepLogits):
     """``cache=prefix|dual`` on a network following the :class:`~diffusion_rl.models.policy.KVCacheLM`
-    convention."""
+    convention; ``attn`` (B, T) the padding mask or None."""
 
-    def __init__(self, cfg: SamplerConfig, net: nn.Module, attn: torch.Tensor | None, prompt_len: int,
-                 mask_id: int, stats: CommitStats, keep_full: bool):
-        super().__init__(cfg, lambda ids, a: net(input_ids=ids, attention_mask=a).logits.float(), attn,
-                         prompt_len, mask_id, stats, keep_full)
-        self.net = net
+    def __init__(self, net: nn.Module, attn: torch.Tensor | None, mode: str, count: Count,
+                 refresh_every: int = 0, keep_full: bool = False):
+        super().__init__(None, 1, count, refresh_every, keep_full)  # its full steps also fill the cache
+        self.net, self.attn, self.mode = net, attn, mode
         self.past: KVCache | None = None
         self.block = (-1, -1)
 
@@ -88,21 +91,21 @@ class CachedStepLogits(StepLogits):
     def __call__(self, x: torch.Tensor, start: int, end: int, i: int) -> tuple[int, torch.Tensor]:
         T = x.shape[1]
         if self.refresh_now(i) or self.block != (start, end):
-            out = self.net(input_ids=x, attention_mask=self.attn, use_cache=True)
-            self.stats.forward(T)
-            keep = [(0, start)] if self.cfg.cache == "prefix" else [(0, start), (end, T)]
+            out = self.net(input_ids=x, attention_mask=self.attn, use_cache=True)  # the exact step's forward
+            self.count(T, 1)
+            keep = [(0, start)] if self.mode == "prefix" else [(0, start), (end, T)]
             self.past = [(_slices(k, keep), _slices(v, keep)) for k, v in out.past_key_values]
             self.block = (start, end)
             return 0, out.logits.float()
         pos = self.positions(x)
-        if self.cfg.cache == "prefix":  # the block and the masked suffix against the cached prefix
+        if self.mode == "prefix":  # the block and the masked suffix against the cached prefix
             ids, attn, new = x[:, start:], self.attn, slice(start, T)
         else:  # the block alone, against the cached prefix then suffix (keys in that order)
             ids, new = x[:, start:end], slice(start, end)
             attn = None if self.attn is None else torch.cat(
                 [self.attn[:, :start], self.attn[:, end:], self.attn[:, start:end]], 1)
         out = self.net(input_ids=ids, attention_mask=attn, position_ids=pos[:, new], past_key_values=self.past)
-        self.stats.forward(ids.shape[1])
+        self.count(ids.shape[1], 1)
         return start, out.logits.float()
 
 
@@ -112,12 +115,14 @@ def _slices(t: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
-def step_logits(cfg: SamplerConfig, forward: Forward, net: nn.Module | None, attn: torch.Tensor | None,
-                prompt_len: int, mask_id: int, stats: CommitStats, keep_full: bool) -> StepLogits:
-    """The step-logits source ``cfg.cache`` asks for (``net`` is needed by the caches)."""
-    if cfg.cache == "none":
-        return StepLogits(cfg, forward, attn, prompt_len, mask_id, stats, keep_full)
+def step_logits(cache: str, full: Callable[[torch.Tensor], torch.Tensor], passes: int, net: nn.Module | None,
+                attn: torch.Tensor | None, count: Count, refresh_every: int = 0,
+                keep_full: bool = False) -> StepLogits:
+    """The step-logits source ``sampler.cache`` asks for: ``full`` runs the exact step (``passes`` model
+    rows per sample); the caches need ``net``; ``count`` is told of every model call."""
+    if cache == "none":
+        return StepLogits(full, passes, count, refresh_every, keep_full)
     if net is None:
-        raise ValueError(f"sampler.cache={cfg.cache} needs the network (generate(..., net=...))")
-    check_cache_support(net, cfg.cache)
-    return CachedStepLogits(cfg, net, attn, prompt_len, mask_id, stats, keep_full)
+        raise ValueError(f"sampler.cache={cache} needs the network (generate(..., net=...))")
+    check_cache_support(net, cache)
+    return CachedStepLogits(net, attn, cache, count, refresh_every, keep_full)

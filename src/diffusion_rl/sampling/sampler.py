@@ -35,13 +35,14 @@ The exact sampler is ``decode=fixed cache=none stop_after_eos=false`` (the defau
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 from torch import nn
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.sampling.cache import step_logits
 
 Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (ids, attn) -> logits
 DECODES = ("fixed", "threshold", "factor")
@@ -125,6 +126,10 @@ class SamplerConfig:
         """Whether this is the exact sampler of SPEC §2 (no fewer-forward option on)."""
         return self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
 
+    def as_exact(self) -> SamplerConfig:
+        """This config with every fewer-forward option off: the exact sampler of SPEC §2."""
+        return replace(self, decode="fixed", cache="none", stop_after_eos=False)
+
 
 class StepRecorder(Protocol):
     """Receives every denoising step; must not modify its arguments."""
@@ -203,16 +208,18 @@ def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
     return (base + (idx < rem).long()).long()
 
 
-def block_schedule(cfg: SamplerConfig, masked: torch.Tensor, fixed_steps: int,
-                   block_open: Callable[[], bool]) -> Iterator[torch.Tensor | None]:
-    """The commit counts of one block's steps: ``decode=fixed`` gives ``fixed_steps`` counts (B,) of
+def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
+                   fixed_steps: int) -> Iterator[torch.Tensor | None]:
+    """The commit counts of one block's steps. ``block`` (B, n) is a *view* of the block in the state
+    the sampler updates in place. ``decode=fixed`` gives ``fixed_steps`` counts (B,) of
     :func:`num_transfer_tokens`; ``threshold`` / ``factor`` give ``None`` (the count is read from the
-    confidences) while ``block_open()`` (a masked position is left), at most ``block width`` times."""
+    confidences) while a masked position is left, at most as many times as there were at the start."""
+    masked = (block == mask_id).sum(-1)  # (B,)
     if cfg.decode == "fixed":
         yield from num_transfer_tokens(masked, fixed_steps).unbind(1)
         return
     for _ in range(int(masked.max()) if masked.numel() else 0):
-        if not block_open():
+        if not bool((block == mask_id).any()):
             return
         yield None
 
@@ -305,8 +312,6 @@ def generate(
     ``cache=prefix|dual`` need the network itself (``net``: see :class:`~diffusion_rl.models.policy.KVCacheLM`),
     ``stop_after_eos`` the EOS id.
     """
-    from diffusion_rl.sampling.cache import step_logits  # the caches build on this module
-
     B, P = prompt_ids.shape
     device = prompt_ids.device
     L, bl = cfg.gen_length, cfg.block_length
@@ -319,14 +324,14 @@ def generate(
     gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
     positions = torch.arange(P + L, device=device)
     stats = CommitStats(B, P + L, device)
-    source = step_logits(cfg, forward, net, attn, P, mask_id, stats, keep_full=recorder is not None)
+    full = lambda ids: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id)  # noqa: E731 - (B, T, V)
+    source = step_logits(cfg.cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
+                         cfg.cache_refresh, keep_full=recorder is not None)
     step = 0
     for b in range(cfg.num_blocks):
         start, end = P + b * bl, P + (b + 1) * bl
         in_block = (positions >= start) & (positions < end)  # (T,)
-        masked = (x[:, start:end] == mask_id).sum(-1)  # (B,)
-        open_ = lambda: bool((x[:, start:end] == mask_id).any())  # noqa: E731 - reads the current x
-        for i, k in enumerate(block_schedule(cfg, masked, cfg.steps_per_block, open_)):
+        for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, cfg.steps_per_block)):
             off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R
             R = logits.shape[1]
             cand, commit = denoise_step(logits, (x[:, off:off + R] == mask_id) & in_block[off:off + R], k, cfg,
