@@ -114,3 +114,26 @@ def test_entry_point_prints_the_table(multirun, tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "src" / "report.py"), str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no run folders" in bad.stderr
+
+
+def test_cost_plots_and_table_when_runs_log_the_rollouts_cost(tmp_path):
+    root = tmp_path / "multirun"
+    for i, (decode, forwards) in enumerate((("fixed", 128.0), ("threshold", 30.0))):
+        run = root / f"{i}_sampler.decode={decode}"
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(f"- sampler.decode={decode}\n")
+        with open(run / "metrics.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, ["step", "grad/norm", "time/rollout_s", "time/update_s", "rollout/forwards_per_sample",
+                                   "rollout/tokens_per_forward", "rollout/mismatch_log_ratio"])
+            w.writeheader()
+            for step in range(1, 4):
+                w.writerow({"step": step, "grad/norm": 1.0, "time/rollout_s": 4.0 / (i + 1) + step, "time/update_s": 1.0,
+                            "rollout/forwards_per_sample": forwards, "rollout/tokens_per_forward": 256 / forwards,
+                            "rollout/mismatch_log_ratio": 0.01 * i * step})
+        (run / "summary.json").write_text(json.dumps({"optimizer_steps": 3, "fit_s": 30.0 / (i + 1)}))
+    report, _ = build_report(root)
+    text = report.read_text()
+    for name in ("mismatch.png", "forwards.png", "rollout_time.png", "update_time.png"):
+        assert (root / "report" / name).read_bytes()[:4] == b"\x89PNG" and f"]({name})" in text
+    assert "| decode=fixed | 6.000 | 1.000 | 128.000 | 2.000 | 0.000 | 30.000 |" in text
+    assert "| decode=threshold | 4.000 | 1.000 | 30.000 | 8.533 | 0.020 | 15.000 |" in text
