@@ -2,7 +2,6 @@
 step ratio of exactly 1, the sampler's log-probs ride on the rollout, its cost is logged."""
 
 import itertools
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,19 +18,10 @@ from diffusion_rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
 from diffusion_rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig
 
+from .test_egspo import TextTask  # a reward that depends on the text
+
 ITEMS = [{"prompt": "1203="}, {"prompt": "0000000="}, {"prompt": "12"}]  # left padding is exercised
 EOS_FROM = 8  # position id from which EndsEarly prefers EOS: by completion token 6 of every row (block 1)
-
-
-class TextTask:
-    cfg = SimpleNamespace(group_size=2)
-
-    def prompt(self, item):
-        return item["prompt"]
-
-    def score(self, completions, items):
-        r = torch.tensor([(sum(map(ord, c)) % 7) / 7 for c in completions])
-        return r, {"text": r}
 
 
 class EndsEarly(TinyDiffusionLM):
