@@ -13,7 +13,7 @@ dual), plus early stop, prints per sample:
 - token agreement with the exact sampler (all 256 positions) and the share of identical answers;
 - held-out accuracy (``line_accuracy``: the share of lines right; ``solved``: every line right);
 - for the caches, how far the cached logits are from a full forward on the same state (mean KL over
-  the block's masked positions, and how often the argmax changes), on the first batch;
+  the block's masked positions, and how often the argmax changes), on the first ``--probe`` items;
 - for early stop, how often the exact sampler wrote something other than EOS where it filled.
 
 The exact sampler is also timed against the sampler of a git ref (``--baseline-ref``, default
@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--warmstart-steps", type=int, default=1500)
     ap.add_argument("--cache-dir", default=str(ROOT / "outputs" / "cache"))
     ap.add_argument("--baseline-ref", default="main")
+    ap.add_argument("--probe", type=int, default=16, help="items of the first batch the cache drift is measured on")
+    ap.add_argument("--init", default=None, help="a state dict to start from instead of the warm start")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -109,10 +111,14 @@ def main() -> None:
     task = ChainTask(ChainConfig(num_test=args.test))
     ws = WarmStartConfig(steps=args.warmstart_steps, batch_size=32, lr=3e-3)
     t0 = time.perf_counter()
-    prov = warm_start(bundle, task, EXACT.gen_length, ws, {"task": "chain", "model": "tiny", "bench": "rollout"},
-                      args.cache_dir, progress=True)
-    print(f"warm start: {args.warmstart_steps} steps ({'cached' if prov['cached'] else 'trained'}, "
-          f"{time.perf_counter() - t0:.0f} s)")
+    if args.init:
+        bundle.net.load_state_dict(torch.load(args.init, map_location="cpu", weights_only=True))
+        print(f"weights from {args.init}")
+    else:
+        prov = warm_start(bundle, task, EXACT.gen_length, ws, {"task": "chain", "model": "tiny", "bench": "rollout"},
+                          args.cache_dir, progress=True)
+        print(f"warm start: {args.warmstart_steps} steps, batch 32, lr 3e-3 "
+              f"({'cached' if prov['cached'] else 'trained'}, {time.perf_counter() - t0:.0f} s)")
     net = bundle.net.eval()
     fwd = logits_fn(net)
     base = load_baseline(args.baseline_ref)
@@ -144,9 +150,10 @@ def main() -> None:
                 tokens[n] += out.forward_tokens * ids.shape[0]
                 filled[n].append(out.filled)
                 if s == 0 and cfgs[n].cache != "none" and not cfgs[n].stop_after_eos:
-                    attn = torch.cat([mask, torch.ones(ids.shape[0], EXACT.gen_length, dtype=mask.dtype)], 1)
+                    k = args.probe
+                    attn = torch.cat([mask[:k], torch.ones(ids[:k].shape[0], EXACT.gen_length, dtype=mask.dtype)], 1)
                     drift[n] = DriftProbe(fwd, attn, bundle.mask_token_id, ids.shape[1], EXACT.block_length)
-                    generate(fwd, ids, mask, cfgs[n], bundle.mask_token_id, recorder=drift[n], net=net)
+                    generate(fwd, ids[:k], mask[:k], cfgs[n], bundle.mask_token_id, recorder=drift[n], net=net)
         same_as_baseline &= bool(torch.equal(ref, outs[names[0]][-1]))
         print(f"  batch {s // args.batch + 1}: exact {times[names[0]]:.0f} s so far", flush=True)
     exact = torch.cat(outs[names[0]])
