@@ -151,7 +151,8 @@ def main() -> None:
                 filled[n].append(out.filled)
                 if s == 0 and cfgs[n].cache != "none" and not cfgs[n].stop_after_eos:
                     k = args.probe
-                    attn = torch.cat([mask[:k], torch.ones(ids[:k].shape[0], EXACT.gen_length, dtype=mask.dtype)], 1)
+                    attn = None if bool(mask[:k].all()) else torch.cat(
+                        [mask[:k], torch.ones(ids[:k].shape[0], EXACT.gen_length, dtype=mask.dtype)], 1)  # as the sampler
                     drift[n] = DriftProbe(fwd, attn, bundle.mask_token_id, ids.shape[1], EXACT.block_length)
                     generate(fwd, ids[:k], mask[:k], cfgs[n], bundle.mask_token_id, recorder=drift[n], net=net)
         same_as_baseline &= bool(torch.equal(ref, outs[names[0]][-1]))
