@@ -1,9 +1,14 @@
 """Evaluate with the papers' protocol, or re-score saved generations.
 
-    python src/eval.py task=sudoku ckpt_path=.../last.ckpt [task.data_path=file.csv]
+    python src/eval.py ckpt_path=<run folder | .ckpt | last> [task.data_path=file.csv]
     python src/eval.py task=gsm8k task.data_path=gsm8k_test.jsonl ckpt_path=... eval.gen_lengths=[128,256,512]
+    python src/eval.py policy=warmstart task=sudoku                                      # no RL, no checkpoint
     python src/eval.py policy=reference task=math500 task.data_path=math500_test.jsonl   # must score 100%
     python src/eval.py mode=score task=gsm8k generations=.../generations.jsonl            # no model
+    python src/eval.py mode=score task=gsm8k eval.protocol=d1 generations=../shared/data/d1_llada_eval  # the papers' row
+
+A checkpoint carries its run's model, tokenizer, task and sampler config, and the evaluation uses
+them; what the command line sets explicitly goes on top (a different network is refused).
 
 Thin Hydra app (config ``conf/eval.yaml``) around :func:`diffusion_rl.evaluate.run_eval`; writes
 ``generations.jsonl``, ``eval_summary.json`` and ``eval_summary.md`` to the run folder and returns
@@ -27,14 +32,15 @@ register_configs()  # the dataclass defaults the yaml files start from; at impor
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="eval")
 def main(cfg: DictConfig) -> float | None:
-    from diffusion_rl.cli import exit_on_config_error
+    from diffusion_rl.cli import hydra_job
     from diffusion_rl.evaluate import run_eval
 
-    with exit_on_config_error():
-        out_dir = HydraConfig.get().runtime.output_dir
-        summary = run_eval(cfg, out_dir)
+    summary = hydra_job(lambda run_dir: run_eval(cfg, run_dir))
+    if summary is None:  # a failed multirun job (failed.json in its folder)
+        return float("nan")
+    out_dir = HydraConfig.get().runtime.output_dir
     print((Path(out_dir) / "eval_summary.md").read_text())
-    print(json.dumps({k: v for k, v in summary.items() if k != "by_length"}, indent=2))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("by_length", "metric_definitions")}, indent=2))
     print(f"written to {out_dir}")
     first = next(iter(summary["by_length"].values()), {})
     return next(iter(first.values()), None)

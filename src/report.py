@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from diffusion_rl.errors import ConfigError
 from diffusion_rl.report import build_report, markdown_table
 
 
@@ -20,8 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report, runs = build_report(args.folder, args.out)
-    except FileNotFoundError as err:
-        print(f"report: {err}", file=sys.stderr)
+    except FileNotFoundError:
+        print(f"report error: {ConfigError('folder', args.folder, 'holds no run folder (a folder with .hydra/)')}",
+              file=sys.stderr)
         return 2
     print(markdown_table(runs))
     print(f"\nreport: {report}")

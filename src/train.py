@@ -1,7 +1,7 @@
 """Train a diffusion LM with RL: ``python src/train.py objective=grpo task=sudoku``.
 
 Thin Hydra app around :func:`diffusion_rl.train.train`. Shorten a run with ``trainer.max_steps=4``,
-place it with ``hydra.run.dir=...``, resume with ``ckpt_path=...``, sweep with ``-m``.
+place it with ``hydra.run.dir=...``, resume with ``hydra.run.dir=<run> ckpt_path=last``, sweep with ``-m``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from diffusion_rl.conf_store import register_configs
@@ -20,17 +19,11 @@ register_configs()  # the dataclass defaults the yaml files start from; at impor
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from hydra.types import RunMode
-
-    from diffusion_rl.cli import exit_on_config_error
-    from diffusion_rl.sweep import run_job
+    from diffusion_rl.cli import hydra_job
     from diffusion_rl.train import format_summary, train
 
-    hc = HydraConfig.get()
-    run_dir, multirun = hc.runtime.output_dir, hc.mode == RunMode.MULTIRUN
-    with exit_on_config_error():  # in a multirun a failed job writes failed.json and the sweep goes on
-        summary = run_job(lambda: train(cfg, run_dir), run_dir, multirun)
-    if summary is None:
+    summary = hydra_job(lambda run_dir: train(cfg, run_dir))
+    if summary is None:  # a failed multirun job (failed.json in its folder)
         return float("nan")
     print(format_summary(summary))
     after = summary.get("after") or {}

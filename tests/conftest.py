@@ -28,3 +28,20 @@ def tiny_bundle():
 
     torch.manual_seed(0)
     return build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One tiny training run shared by the tests that need a real run folder (checkpoints, eval,
+    report, bad input): 5 optimizer steps, a checkpoint every 2 (so the last step is not one of
+    them), held-out evaluation every 2 steps. Returns ``(run folder, summary)``; read-only for users."""
+    from diffusion_rl.train import train
+
+    from .helpers import compose_cfg
+
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    cfg = compose_cfg(["trainer.max_steps=5", "trainer.checkpoint_every_n_steps=2", "eval.every_n_steps=2"], tmp)
+    summary = train(cfg, tmp / "run")
+    (tmp / "run" / ".hydra").mkdir()  # what Hydra writes into a run folder, for src/report.py
+    (tmp / "run" / ".hydra" / "overrides.yaml").write_text("- trainer.max_steps=5\n")
+    return tmp / "run", summary

@@ -253,8 +253,11 @@ def test_template_and_style_errors_name_the_key(tmp_path):
 # ---- rewards from config ------------------------------------------------------------------------
 def test_reward_presets_weights_and_strict_string(tmp_path):
     item = {"question": "q", "answer": "#### 72"}
-    d1 = make_task(tmp_path, "gsm8k")
-    assert [n for n, _, _ in d1.reward_functions()] == ["xml_count", "soft_format", "strict_format", "int", "correct"]
+    fixed = make_task(tmp_path, "gsm8k")  # auto = d1_fixed for chat prompts
+    assert [n for n, _, _ in fixed.reward_functions()] == ["xml_count", "soft_format", "strict_format", "int", "correct"]
+    d1 = make_task(tmp_path, "gsm8k", "task.rewards=d1")
+    assert [n for n, _, _ in d1.reward_functions()] == [
+        "d1_xml_count", "d1_soft_format", "d1_strict_format", "d1_int", "d1_correct"]
     plain = make_task(tmp_path, "gsm8k", "task.rewards=plain")
     assert [n for n, _, _ in plain.reward_functions()] == ["correct"]
     assert [n for n, _, _ in make_task(tmp_path, "gsm8k", "task.prompt_style=compact").reward_functions()] == ["correct"]
@@ -263,9 +266,9 @@ def test_reward_presets_weights_and_strict_string(tmp_path):
     assert plain.rewards(["<answer>72.0</answer>"], [item]).item() == 2.0
     strict = make_task(tmp_path, "gsm8k", "task.rewards=plain", "task.strict_string=true")
     assert strict.rewards(["<answer>72.0</answer>", "<answer>72</answer>"], [item] * 2).tolist() == [0.0, 2.0]
-    with pytest.raises(ConfigError, match="task.rewards='bogus'.*allowed: correct, int, soft_format"):
+    with pytest.raises(ConfigError, match="task.rewards='bogus'.*allowed: correct, d1_correct, d1_int"):
         make_task(tmp_path, "gsm8k", "task.rewards={bogus: 1.0}")
-    with pytest.raises(ConfigError, match="allowed presets: auto, d1, plain"):
+    with pytest.raises(ConfigError, match="allowed presets: auto, d1, d1_fixed, plain"):
         make_task(tmp_path, "math500", "task.rewards=fancy")
     math = make_task(tmp_path, "math500")
     assert math.rewards(["<answer>\\boxed{0.5}</answer>"], [{"problem": "p", "answer": "\\frac{1}{2}"}]).item() == 2.5

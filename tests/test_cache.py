@@ -11,6 +11,8 @@ from diffusion_rl.models.policy import ModelConfig, check_cache_support, encode_
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
+from .released_layouts import write_checkpoint
+
 PROMPTS = ["1203=", "40", "0000000000=", "12"]  # different lengths: padding and positions are exercised
 
 
@@ -111,3 +113,26 @@ def test_cache_support_is_checked_in_one_line():
     block = build_policy(ModelConfig(d_model=32, n_layers=1, n_heads=2, block_size=4)).net
     with pytest.raises(ConfigError, match="block model"):
         check_cache_support(block, "dual")
+
+
+@pytest.mark.parametrize("arch,attention", [("llada", "bidirectional"), ("llada", "native"), ("dream", "native")])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_native_released_models_take_both_caches(arch, attention, cache, tmp_path):
+    """Our LLaDA (padding masked, or as released: attended, positions count it) and Dream (shifted logits: the token before
+    the block is run too) under the released layout, one layer: the caches are exact, as for the
+    embedded model, with prompts of different lengths (left padding)."""
+    layers = {"llada": {"n_layers": 1}, "dream": {"num_hidden_layers": 1}}[arch]
+    folder = write_checkpoint(arch, tmp_path / arch, real_ids=False, overrides=layers)
+    b = build_policy(ModelConfig(name="hf", path=str(folder), attention=attention))
+    net = b.net.eval()
+    assert net.mask_padding == (attention == "bidirectional" or arch == "dream")
+    with torch.no_grad():  # confident, well-separated predictions: no argmax near-ties
+        for p in net.parameters():
+            p.mul_(3.0)
+    assert net.config.to_dict().get("n_layers", net.config.to_dict().get("num_hidden_layers")) == 1
+    cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.0)
+    ref = _run(b, net, cfg)
+    out = _run(b, net, replace(cfg, cache=cache))
+    assert torch.equal(out.completion, ref.completion)
+    assert torch.allclose(out.token_logp, ref.token_logp, atol=1e-4)
+    assert out.forward_tokens < ref.forward_tokens

@@ -168,6 +168,80 @@ def test_remote_code_is_never_run_unless_configured(tmp_path):
     assert cfg.model.trust_remote_code is False  # the generic config never turns it on
 
 
+TOY_CONFIG = """from transformers import PretrainedConfig
+
+
+class ToyConfig(PretrainedConfig):
+    model_type = "toy_dlm"
+
+    def __init__(self, vocab_size=8, hidden=4, mask_token_id=1, **kwargs):
+        self.vocab_size, self.hidden, self.mask_token_id = vocab_size, hidden, mask_token_id
+        super().__init__(**kwargs)
+"""
+TOY_MODEL = """from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+from .configuration_toy import ToyConfig
+
+
+class ToyModel(PreTrainedModel):  # written for transformers 4.x: no post_init(), tie_weights(self)
+    config_class = ToyConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.emb = nn.Embedding(config.vocab_size, config.hidden)
+        self.head = nn.Linear(config.hidden, config.vocab_size, bias=False)
+
+    def tie_weights(self):
+        pass
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        return MaskedLMOutput(logits=self.head(self.emb(input_ids)))
+"""
+
+
+def test_remote_code_without_post_init_loads_through_a_logged_shim(tmp_path, hf_path, caplog):
+    import logging
+
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    for f in hf_path.glob("*token*"):
+        (folder / f.name).write_bytes(f.read_bytes())
+    vocab = json.loads((hf_path / "config.json").read_text())["vocab_size"]
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "toy_dlm", "vocab_size": vocab, "hidden": 4, "mask_token_id": 1,
+        "auto_map": {"AutoConfig": "configuration_toy.ToyConfig", "AutoModel": "modeling_toy.ToyModel"}}))
+    (folder / "configuration_toy.py").write_text(TOY_CONFIG)
+    (folder / "modeling_toy.py").write_text(TOY_MODEL)
+    g = torch.Generator().manual_seed(0)
+    weights = {"emb.weight": torch.randn(vocab, 4, generator=g), "head.weight": torch.randn(vocab, 4, generator=g)}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING, logger="diffusion_rl.models.hf"):
+        b = build_policy(ModelConfig(name="hf", path=str(folder), impl="remote", trust_remote_code=True,
+                                     attention="native"))
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(b.net(input_ids=ids).logits, weights["emb.weight"][ids] @ weights["head.weight"].T)
+    from transformers import AutoModel
+
+    try:
+        AutoModel.from_pretrained(folder, trust_remote_code=True)
+        needed = False
+    except AttributeError:
+        needed = True
+    shimmed = any("post_init" in r.getMessage() for r in caplog.records)
+    assert shimmed == needed  # applied, and said so, exactly when this transformers needs it
+    with pytest.raises(ConfigError) as err:  # never without consent
+        build_policy(ModelConfig(name="hf", path=str(folder), impl="remote"))
+    assert str(err.value).startswith("model.trust_remote_code=False")
+
+
 def test_four_bit_without_bitsandbytes_or_cuda_fails_in_one_line(hf_path):
     if importlib.util.find_spec("bitsandbytes") and torch.cuda.is_available():
         pytest.skip("bitsandbytes and CUDA are both here: 4-bit loading is allowed")
@@ -181,25 +255,22 @@ def test_four_bit_without_bitsandbytes_or_cuda_fails_in_one_line(hf_path):
 def test_named_model_configs_validate(tmp_path):
     from diffusion_rl.config import from_dict
 
-    for name, mask in [
-        ("llada_8b_instruct", 126336),
-        ("sdar_8b_chat", None),
-        ("sdar_1_7b_chat", None),
-    ]:
+    for name in ("llada_8b_instruct", "llada_1_5", "dream_7b_instruct", "sdar_8b_chat", "sdar_1_7b_chat"):
         cfg = compose_cfg([f"model={name}"], tmp_path, tiny=False)
         m = from_dict(ModelConfig, cfg.model, "model")
-        assert (
-            m.name == "hf" and m.mask_token_id == mask and m.trust_remote_code and m.lora_r == 128
-        )
-        assert (m.lora_alpha, m.lora_dropout) == (64, 0.05)
+        m.validate()
+        # our own classes, no checkpoint code; special ids and SDAR's block size from the checkpoint
+        assert m.name == "hf" and m.impl == "native" and not m.trust_remote_code
+        assert m.mask_token_id is None and m.block_size == 0
+        assert (m.lora_r, m.lora_alpha, m.lora_dropout, m.dtype) == (128, 64, 0.05, "bfloat16")
     llada = from_dict(
         ModelConfig, compose_cfg(["model=llada_8b_instruct"], tmp_path, tiny=False).model, "model"
     )
     import re
 
     pattern = re.compile(llada.lora_targets)  # peft full-matches a string target
-    assert pattern.fullmatch("model.transformer.blocks.3.ff_out")
-    assert not pattern.fullmatch("model.transformer.ff_out")  # the output head stays frozen
+    assert pattern.fullmatch("model.model.transformer.blocks.3.ff_out")
+    assert not pattern.fullmatch("model.model.transformer.ff_out")  # the output head stays frozen
 
 
 # ---- RL steps through model=hf -----------------------------------------------------------------

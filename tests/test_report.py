@@ -113,7 +113,7 @@ def test_entry_point_prints_the_table(multirun, tmp_path):
     assert "| eps=100 | ok |" in out.stdout and (tmp_path / "r" / "report.md").exists()
     bad = subprocess.run([sys.executable, str(ROOT / "src" / "report.py"), str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "no run folders" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.strip() == f"report error: folder='{tmp_path / 'nothing'}' is invalid: holds no run folder (a folder with .hydra/)"
 
 
 def test_cost_plots_and_table_when_runs_log_the_rollouts_cost(tmp_path):
@@ -137,3 +137,57 @@ def test_cost_plots_and_table_when_runs_log_the_rollouts_cost(tmp_path):
         assert (root / "report" / name).read_bytes()[:4] == b"\x89PNG" and f"]({name})" in text
     assert "| decode=fixed | 6.000 | 1.000 | 128.000 | 2.000 | 0.000 | 30.000 |" in text
     assert "| decode=threshold | 4.000 | 1.000 | 30.000 | 8.533 | 0.020 | 15.000 |" in text
+
+
+
+def test_single_run_panels_heldout_kl_entropy_smoothed_reward_and_no_constant_panel(tiny_run, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    import diffusion_rl.report as report_mod
+
+    figures = {}
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.setdefault(fig.axes[0].get_title(), fig))
+    run, summary = tiny_run  # GRPO, mu=1: the log-ratio spread is 0 at every step
+    report, runs = build_report(run, tmp_path / "rep")
+    files = sorted(p.name for p in (tmp_path / "rep").glob("*.png"))
+    assert files == ["entropy.png", "grad_norm.png", "heldout.png", "kl.png", "mismatch.png", "reward.png",
+                     "rollout_time.png", "update_time.png"]  # GRPO: beta=0.04; forwards constant (exact sampler)
+    text = report.read_text()
+    assert "Not plotted, constant in every run: `ratio/log_std` (0 at every step)" in text
+    held = figures["held-out metrics at each evaluation (step 0: before RL)"].axes[0]
+    lines = {ln.get_label(): ln for ln in held.get_lines()}
+    assert set(lines) == {"cell_accuracy", "solved_rate", "valid_rate"}  # the task's metrics, not its reward
+    cell = lines["cell_accuracy"]
+    assert list(cell.get_xdata()) == [0, 2, 4, 5]  # before RL, every 2 steps, after RL
+    assert cell.get_ydata()[0] == pytest.approx(summary["before"]["cell_accuracy"])
+    assert cell.get_ydata()[-1] == pytest.approx(summary["after"]["cell_accuracy"])
+    reward = figures["mean rollout reward (line: EMA; faint: each rollout)"].axes[0].get_lines()
+    raw, smooth = reward  # the raw values faint behind the smoothed line
+    assert raw.get_alpha() == report_mod.RAW_ALPHA and smooth.get_alpha() is None
+    assert list(raw.get_ydata()) == [v for _, v in runs[0].metrics["train/reward"]]
+    assert list(smooth.get_ydata()) == pytest.approx(report_mod.ema(list(raw.get_ydata()), 0.9))
+    monkeypatch.setattr(plt, "close", real_close)
+    for fig in figures.values():
+        real_close(fig)
+
+
+def test_kl_panel_appears_with_a_reference_policy(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, ["objective.beta=0.04"], norms=[1, 2, 1, 2], spikes=[0] * 4, rewards=[0.1, 0.2])
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    with open(run / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, [*COLUMNS, "train/kl", "train/entropy"])
+        w.writeheader()
+        for i, r in enumerate(rows):
+            w.writerow({**r, "train/kl": 0.001 * i, "train/entropy": 1.0 - 0.1 * i})
+    build_report(run)
+    assert {"kl.png", "entropy.png", "ratio_log_std.png", "ess.png"} <= {p.name for p in (run / "report").glob("*.png")}
+
+
+def test_ema_is_debiased_and_smooths():
+    from diffusion_rl.report import ema
+
+    assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0 at the start
+    out = ema([0.0, 1.0] * 20, 0.9)
+    assert max(out[-10:]) - min(out[-10:]) < 0.2 and out[-1] == pytest.approx(0.5, abs=0.1)

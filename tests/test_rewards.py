@@ -6,6 +6,7 @@ Run: PYTHONPATH=src pytest tests/test_rewards.py -q
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import json
@@ -65,13 +66,15 @@ def _one(fn, completion, **fields):
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm_and_freeze():
-    """Load math-verify (lazy, ~2 s once) and freeze the heap before anything is timed.
+    """Load math-verify (lazy, ~2 s once), start the reward's worker pool, and freeze the heap before
+    anything is timed.
 
     A full GC pass over this process's heap (torch, sympy, hypothesis) takes up to ~1 s on a loaded
     2-core machine whatever the input; ``gc.freeze`` keeps such pauses out of the per-call timings
     while objects created by the rewards are still collected normally.
     """
     math_equal("1", "\\frac{2}{2}")
+    math_correctness_reward([""], ["<answer>\\boxed{0.5}</answer>"], answer=["\\frac12"])
     gc.collect()
     gc.freeze()
     yield
@@ -97,7 +100,10 @@ NUMS, TARGET = [30, 100, 93], 23
         ("<answer>(30+93-100)//1</answer>", 0.1),
         ("<answer>30.0+93-100</answer>", 0.1),
         ("<answer>٣0+93-100</answer>", 0.1),  # unicode digit is not a digit
-        ("<answer>+30+93-100</answer>", 0.1),  # unary plus is rejected
+        ("<answer>+30+93-100</answer>", 1.0),  # unary plus, like unary minus, reuses no number
+        ("<answer>\n\\boxed{30 + 93 - 100}\n</answer>", 1.0),  # the box d1's evaluation prompt asks for
+        ("<reasoning>r</reasoning>\\boxed{30 \\times 1 + 93 - 100}", 0.1),  # a box instead of tags; 1 is no given number
+        ("<reasoning>r</reasoning>\\boxed{(100 - 30) \\div 1}", 0.1),
         ("<answer></answer>", 0.1),
         ("<answer>30+93-100", 1.0),  # unterminated final block runs to the end (extract_answer)
         ("30+93-100", 0.0),  # correct but no <answer> tag
@@ -140,6 +146,7 @@ def test_safe_eval_arith():
     assert safe_eval_arith("1/3+1/3+1/3") == Fraction(1)
     assert safe_eval_arith("2*(3+4)") == 14
     assert safe_eval_arith("-(-3)") == 3
+    assert safe_eval_arith("+3") == 3 and safe_eval_arith("+((43-92)+70)") == 21  # unary plus, as LLaDA writes it
     assert safe_eval_arith("((((1))))") == 1
     assert safe_eval_arith(" 7 /\n2 ") == Fraction(7, 2)
     for bad in [
@@ -151,7 +158,6 @@ def test_safe_eval_arith():
         "abs(1)",
         "1.5",
         "1e3",
-        "+3",
         "",
         "()",
         "٣",
@@ -213,7 +219,8 @@ def test_gsm8k_gold_and_normalize():
 def test_gsm8k_prediction():
     assert extract_gsm8k_prediction("<answer>\\boxed{1,234}</answer>") == "1,234"
     assert extract_gsm8k_prediction("<answer>\\boxed{18 \\text{ dollars}}</answer>") == "18"
-    assert extract_gsm8k_prediction("so 3 + 4 = 7.") == "7"
+    assert extract_gsm8k_prediction("so 3 + 4 = 7.") is None  # no answer tag, no box: no answer
+    assert extract_gsm8k_prediction("so 3 + 4 = \\boxed{7}.") == "7"  # a box instead of the tags
     assert extract_gsm8k_prediction("<answer>She pays $1,234.50 in total</answer>") == "1,234.50"
     assert extract_gsm8k_prediction("<answer>no number</answer>") is None
 
@@ -225,7 +232,8 @@ def test_gsm8k_prediction():
         ("<answer>$1,234.00</answer>", 2.0, 0.0),
         ("<answer>\\boxed{1234}</answer>", 2.0, 0.0),
         ("<answer>The total is 1,234 dollars.</answer>", 2.0, 0.0),
-        ("so the answer is 1234", 2.0, 0.0),  # no tag: whole completion
+        ("so the answer is 1234", 0.0, 0.0),  # no tag, no box: the reasoning's last number is no answer
+        ("so the answer is \\boxed{1234}", 2.0, 0.0),  # a box instead of the tags
         ("<answer>1235</answer>", 0.0, 0.0),
         ("<answer>1234</answer> then <answer>5</answer>", 0.0, 0.0),  # the last block counts
         ("<answer>١٢٣٤</answer>", 0.0, 0.0),  # unicode digits are not normalised
@@ -404,7 +412,8 @@ REWARDS = [
     ("soft_format", soft_format_reward, {}, {0.0, 0.5}),
     ("strict_format", strict_format_reward, {}, {0.0, 0.5}),
     ("int", int_reward, {}, {0.0, 0.5}),
-    ("math_correct", math_correctness_reward, {"answer": "3"}, {0.0, 2.0}),
+    # a short deadline: these cases test that the bound holds, not which answers are right
+    ("math_correct", functools.partial(math_correctness_reward, timeout_s=0.5), {"answer": "3"}, {0.0, 2.0}),
     ("math_format", math_format_reward, {}, {0.0, 0.5}),
 ]
 IDS = [r[0] for r in REWARDS]

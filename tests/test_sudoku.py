@@ -299,21 +299,21 @@ def test_csv_loader_reads_good_file_with_bom_and_whitespace(tmp_path):
 )
 def test_csv_loader_rejects_bad_row_with_line_number(tmp_path, bad_row):
     path = _write_csv(tmp_path / "bad.csv", [f"{PUZZLE},{GRID}", bad_row])
-    with pytest.raises(ValueError, match=r"bad\.csv, line 3"):
+    with pytest.raises(ConfigError, match=r"task\.data_path='.*bad\.csv' is invalid: line 3: "):
         load_sudoku_csv(path)
 
 
 def test_csv_loader_rejects_wrong_header(tmp_path):
     path = _write_csv(tmp_path / "h.csv", [f"{PUZZLE},{GRID}"], header="question,answer")
-    with pytest.raises(ValueError, match="line 1"):
+    with pytest.raises(ConfigError, match="line 1: expected header"):
         load_sudoku_csv(path)
 
 
 def test_csv_loader_missing_file_names_path(tmp_path):
     missing = tmp_path / "nope" / "sudoku.csv"
-    with pytest.raises(FileNotFoundError, match="nope/sudoku.csv"):
+    with pytest.raises(ConfigError, match="nope/sudoku.csv' is invalid: no such file"):
         load_sudoku_csv(missing)
-    with pytest.raises(FileNotFoundError, match="sudoku.csv"):
+    with pytest.raises(ConfigError, match="task.data_path=.*sudoku.csv"):
         _task(data_path=str(missing)).test_items()
 
 

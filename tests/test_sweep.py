@@ -8,6 +8,7 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
+from diffusion_rl.errors import ConfigError
 from diffusion_rl.report import build_report
 from diffusion_rl.sweep import run_job
 from diffusion_rl.train import build
@@ -17,7 +18,7 @@ from .helpers import CONF, TINY, compose_cfg
 ROOT = CONF.parent
 
 
-def test_run_job_records_a_failure_only_in_a_multirun(tmp_path):
+def test_run_job_records_a_failure_and_goes_on_only_in_a_multirun(tmp_path):
     def boom():
         raise RuntimeError("bad sweep point")
 
@@ -25,10 +26,31 @@ def test_run_job_records_a_failure_only_in_a_multirun(tmp_path):
     failure = json.loads((tmp_path / "job" / "failed.json").read_text())
     assert failure["type"] == "RuntimeError" and failure["error"] == "bad sweep point"
     assert "boom" in failure["traceback"]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError):  # a single run stops, and its folder says why
         run_job(boom, tmp_path / "single", multirun=False)
-    assert not (tmp_path / "single" / "failed.json").exists()
+    assert json.loads((tmp_path / "single" / "failed.json").read_text())["error"] == "bad sweep point"
     assert run_job(lambda: {"after": {}}, tmp_path / "ok", multirun=True) == {"after": {}}
+
+
+def test_a_config_error_leaves_no_run_folder_unless_the_run_had_one(tmp_path):
+    def bad_value():
+        raise ConfigError("seed", "abc", "must be an integer")
+
+    fresh = tmp_path / "fresh"  # what Hydra creates before the job: .hydra/ and the job's log
+    (fresh / ".hydra").mkdir(parents=True)
+    (fresh / ".hydra" / "config.yaml").write_text("seed: abc\n")
+    (fresh / "train.log").write_text("")
+    with pytest.raises(ConfigError):
+        run_job(bad_value, fresh, multirun=False)
+    assert not fresh.exists()
+    resumed = tmp_path / "resumed"  # a run folder with a checkpoint: kept, and says why this attempt failed
+    (resumed / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ConfigError):
+        run_job(bad_value, resumed, multirun=False)
+    assert (resumed / "checkpoints").is_dir() and (resumed / "failed.json").is_file()
+    (fresh / ".hydra").mkdir(parents=True)  # a multirun job keeps its folder: the sweep's record
+    assert run_job(bad_value, fresh, multirun=True) is None
+    assert json.loads((fresh / "failed.json").read_text())["type"] == "ConfigError"
 
 
 @pytest.mark.parametrize("arm,objective,expected", [

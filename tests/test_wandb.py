@@ -1,15 +1,19 @@
-"""W&B: offline logging without network, the offline fallback, the optional import, the dashboard."""
+"""W&B: offline logging without network, the offline fallback, the optional import, the dashboard,
+and a resumed run continuing its W&B run (rewound to the checkpoint) and its TensorBoard curves."""
 
+import csv
 import importlib.util
+import json
 import logging
 import re
 import sys
+import time
 
 import pytest
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.training import loggers as loggers_mod
-from diffusion_rl.training.loggers import WandbConfig, make_loggers, make_wandb_logger
+from diffusion_rl.training.loggers import ResumePoint, WandbConfig, make_loggers, make_wandb_logger
 
 from .helpers import CONF, compose_cfg
 
@@ -135,3 +139,152 @@ def test_dashboard_workspace_has_the_documented_panels():
     assert gn.y == ["grad/norm", "grad/norm_ema"] and gn.log_y
     view = ws._to_model()  # serialises without any network call
     assert view.project == "project"
+
+
+# ---- a resumed run continues its dashboards ------------------------------------------------------
+RESUME = ["task.num_train=6", "objective.mu=1", "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=2"]
+
+
+def wandb_records(path):
+    """The protobuf records of an offline ``run-<id>.wandb`` file (LevelDB log format: 32 KiB blocks
+    of records, each a 7-byte header (crc32, length, type: full / first / middle / last) and data)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, parts = path.read_bytes(), 7, b""  # the file opens with a 7-byte W&B header
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # block trailer
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:  # zero padding to the block's end
+            pos += left
+            continue
+        if pos + 7 + length > len(data):  # a record the writer has not finished
+            return
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a record ends here
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            yield record
+
+
+def offline_run(folder, finished: bool = True):
+    """``(run record, {step: {key: value}})`` of one offline run folder. W&B's service process writes
+    the file after ``finish()`` returns: a ``finished`` run is read once its exit record is there."""
+    path = next(folder.glob("run-*.wandb"))
+    deadline = time.time() + 60
+    while finished and time.time() < deadline and not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)):
+        time.sleep(0.2)
+    run, history = None, {}
+    for rec in wandb_records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            run = rec.run
+        elif kind == "history":
+            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
+            history[int(items["_step"])] = items
+    return run, history
+
+
+def test_a_resumed_run_rewinds_its_wandb_run_to_the_checkpoint(wandb_env, monkeypatch):
+    pytest.importorskip("wandb")
+    from diffusion_rl.train import train
+    from diffusion_rl.training.faults import InjectedFault
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = wandb_env / "run"
+    with pytest.raises(InjectedFault):  # stops after step 5; the checkpoint of step 4 is on disk
+        train(compose_cfg([*RESUME, "logger=wandb", "fault=raise", "fault.at_step=5"], wandb_env), run_dir)
+    second = int(time.time())
+    while int(time.time()) == second:  # W&B names an offline run's folder by the second it started
+        time.sleep(0.05)
+    train(compose_cfg([*RESUME, "logger=wandb", "ckpt_path=last"], wandb_env), run_dir)
+    (run_a, hist_a), (run_b, hist_b) = (offline_run(f) for f in sorted((run_dir / "wandb").glob("offline-run-*")))
+    assert run_b.run_id == run_a.run_id  # the same W&B run, continued
+    assert (run_b.branch_point.run, run_b.branch_point.metric, run_b.branch_point.value) == (run_a.run_id, "_step", 4)
+    assert sorted(hist_a) == [0, 1, 2, 3, 4, 5] and sorted(hist_b) == [5, 6, 7, 8]  # W&B's step = optimizer step
+    # what W&B shows once the rewind is applied (at `wandb sync`): the first run up to step 4, then the
+    # resumed one: every step once, and each value the one in metrics.csv (itself equal to an
+    # uninterrupted run's, tests/test_resume.py)
+    shown = {**{s: h for s, h in hist_a.items() if s <= 4}, **hist_b}
+    assert sorted(shown) == list(range(9))
+    with open(run_dir / "metrics.csv", newline="") as f:
+        csv_norm = {int(r["step"]): float(r["grad/norm"]) for r in csv.DictReader(f) if r["grad/norm"]}
+    assert {s: h["grad/norm"] for s, h in shown.items() if "grad/norm" in h} == csv_norm
+    assert shown[0]["eval/cell_accuracy"] == pytest.approx(json.loads((run_dir / "summary.json").read_text())["before"]["cell_accuracy"])
+
+
+def test_without_rewind_support_a_resume_logs_to_a_named_continuation(wandb_env, monkeypatch):
+    pytest.importorskip("wandb")
+    import wandb
+
+    real_init = wandb.init
+
+    def old_init(project=None, name=None, **kwargs):  # a wandb before 0.17.1: no resume_from
+        return real_init(project=project, name=name, **kwargs)
+
+    monkeypatch.setattr(wandb, "init", old_init)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = make_wandb_logger(WandbConfig(), wandb_env / "r", {"seed": 0}, ResumePoint(step=40, wandb_id="abc123"))
+    assert logger._wandb_init["name"] == "r-resumed-step40" and "resume_from" not in logger._wandb_init
+    assert logger._wandb_init["config"]["resumed_from"] == {"run_id": "abc123", "step": 40}
+
+
+def test_a_resumed_run_purges_the_tensorboard_events_after_the_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from diffusion_rl.train import train
+    from diffusion_rl.training.faults import InjectedFault
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(InjectedFault):
+        train(compose_cfg([*RESUME, "logger=tensorboard", "fault=raise", "fault.at_step=5"], tmp_path), run_dir)
+    train(compose_cfg([*RESUME, "logger=tensorboard", "ckpt_path=last"], tmp_path), run_dir)
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    norms = [(e.step, e.value) for e in events.Scalars("grad/norm")]
+    with open(run_dir / "metrics.csv", newline="") as f:
+        csv_norm = [(int(r["step"]), float(r["grad/norm"])) for r in csv.DictReader(f) if r["grad/norm"]]
+    assert [s for s, _ in norms] == list(range(1, 9))  # step 5 once: the killed run's is purged
+    assert [v for _, v in norms] == pytest.approx([v for _, v in csv_norm], rel=1e-6)
+
+
+def test_logger_packages_missing_is_a_one_line_config_error(tmp_path, monkeypatch):
+    for name in ("tensorboard", "tensorboardX"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ConfigError, match=r"logger.names='tensorboard' is invalid: the tensorboard package is not installed"):
+        make_loggers(compose_cfg(["logger=tensorboard"], tmp_path), tmp_path)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_offline_wandb_run_resumes_as_one_curve(wandb_env):
+    """``python src/train.py logger=wandb``, SIGKILLed after step 5 (checkpoint at 4), resumed from ``last``."""
+    pytest.importorskip("wandb")
+    import os
+    import subprocess
+
+    from .helpers import TINY
+
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    common = [sys.executable, str(ROOT / "src" / "train.py"), *TINY, *RESUME, "logger=wandb",
+              f"paths.cache_dir={wandb_env / 'cache'}", f"hydra.run.dir={wandb_env / 'run'}"]
+    killed = subprocess.run([*common, "fault=kill", "fault.at_step=5"], env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    time.sleep(1.1)  # W&B names an offline run's folder by the second it started
+    resumed = subprocess.run([*common, "ckpt_path=last"], env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    folder_a, folder_b = sorted((wandb_env / "run" / "wandb").glob("offline-run-*"))
+    (run_a, hist_a), (run_b, hist_b) = offline_run(folder_a, finished=False), offline_run(folder_b)
+    # W&B writes an offline run's file every OFFLINE_FLUSH_S seconds: this tiny run was killed well
+    # within that, so its file may hold nothing (a real run loses at most the last 2 s of rows)
+    ids = {r.run_id for r in (run_a, run_b) if r is not None}
+    assert len(ids) == 1 and (run_b.branch_point.run, run_b.branch_point.value) == (run_b.run_id, 4)
+    assert sorted(hist_b) == [5, 6, 7, 8]
+    shown = [s for s in sorted(hist_a) if s <= 4] + sorted(hist_b)
+    assert shown == sorted(set(shown)) and shown[-4:] == [5, 6, 7, 8]  # no step twice

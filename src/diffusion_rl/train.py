@@ -2,6 +2,8 @@
 
 The Hydra entry point ``src/train.py`` composes the config and calls this; tests call it directly
 with a composed config. Returns the summary dict (also written to ``<run_dir>/summary.json``).
+Everything a user can get wrong (config values, data files, the checkpoint to resume) is checked
+before the first model work, so a mistake costs seconds and one line.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from diffusion_rl.tasks import TASKS, Task, TaskDataModule
 from diffusion_rl.training.callbacks import DiagnosticsCallback
 from diffusion_rl.training.checkpoint import (
     AtomicCheckpointIO,
+    RunCheckpoint,
     continue_csv_log,
     resolve_checkpoint,
 )
 from diffusion_rl.training.diagnostics import DiagnosticsConfig
-from diffusion_rl.training.evaluation import evaluate
+from diffusion_rl.training.evaluation import PeriodicEval, evaluate, expected_warnings_silenced
 from diffusion_rl.training.faults import FaultConfig, FaultInjector
-from diffusion_rl.training.loggers import finish_loggers, make_loggers
+from diffusion_rl.training.loggers import ResumePoint, check_loggers, finish_loggers, make_loggers
 from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
 from diffusion_rl.training.progress import RLProgressBar
 from diffusion_rl.training.strategy import make_strategy
@@ -69,10 +72,17 @@ class TrainerConfig:
 class EvalConfig:
     before: bool = True  # held-out metrics of the warm start
     after: bool = True  # and of the trained policy
+    every_n_steps: int = 50  # and every n optimizer steps during RL (eval/* in metrics.csv); 0 = never
     batch_size: int = 256
     # evaluate with the rollout sampler's fewer-forward options (sampler.decode, cache, stop_after_eos);
     # false: the exact sampler of SPEC §2, so runs with different rollout samplers share one protocol
     fast_sampler: bool = False
+
+    def validate(self) -> None:
+        if self.every_n_steps < 0:
+            raise ConfigError("eval.every_n_steps", self.every_n_steps, "must be >= 0 (0 = only before and after)")
+        if self.batch_size < 1:
+            raise ConfigError("eval.batch_size", self.batch_size, "must be >= 1")
 
 
 @dataclass
@@ -124,6 +134,15 @@ def build_task(task_cfg: Any) -> Task:
     return cls(from_dict(cls.config_class, task_cfg, "task"))
 
 
+def warm_start_key(cfg: DictConfig) -> dict[str, Any]:
+    """What besides ``warmstart.*`` shapes a warm start (its cache key): the model, the task's data, the seed."""
+    task = dict(OmegaConf.to_container(cfg.task, resolve=True))  # type: ignore[arg-type]
+    return {"model": OmegaConf.to_container(cfg.model, resolve=True),
+            "task": {k: v for k, v in task.items()
+                     if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")},
+            "seed": cfg.seed}
+
+
 def build(cfg: DictConfig) -> Components:
     """Validate every config group and build the pieces; any bad value fails here, before work starts."""
     task = build_task(cfg.task)
@@ -158,49 +177,45 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     L.seed_everything(run_config(cfg).seed, workers=True, verbose=False)  # a bad root value fails here
     c = build(cfg)
     fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
+    check_loggers(cfg)
+    datamodule = TaskDataModule(c.task)
+    datamodule.setup()  # reads the task's files: a missing file or a bad row stops here, in one line
+    test_items = datamodule.test_items()
     # ckpt_path=last | a run folder | a file; a missing or corrupt one stops here, before any work
     ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
     progress = c.trainer.enable_progress_bar
-    key_parts = {"model": OmegaConf.to_container(cfg.model, resolve=True),
-                 "task": {k: v for k, v in dict(OmegaConf.to_container(cfg.task, resolve=True)).items()  # type: ignore[arg-type]
-                          if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")},
-                 "seed": cfg.seed}
-    provenance = None
-    if c.run.warmstart.enabled:
-        provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, key_parts,
-                                cfg.paths.cache_dir, progress)
-    datamodule = TaskDataModule(c.task)
-    datamodule.setup()
-    test_items = datamodule.test_items()
-    summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance,
-                               "config": OmegaConf.to_container(cfg, resolve=True)}
-    eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
-    if c.run.eval.before:
-        summary["before"], _ = evaluate(c.bundle, c.task, test_items, eval_sampler, c.run.eval.batch_size,
-                                        "evaluating before RL" if progress else None)
-    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
-                               old_policy=c.run.old_policy)
-    module.warm_start = provenance
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
-    loggers = make_loggers(cfg, run_dir)
-    if ckpt is not None:  # resuming in this folder: keep the metric rows up to the checkpoint
-        continue_csv_log(loggers, ckpt.global_step)
-    ckpt_cb = L.pytorch.callbacks.ModelCheckpoint(
+    eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
+    periodic = PeriodicEval(c.task, test_items, eval_sampler, c.run.eval.batch_size, c.run.eval.every_n_steps)
+    ckpt_cb = RunCheckpoint(
         dirpath=run_dir / "checkpoints", save_last=True, save_top_k=-1 if c.trainer.checkpoint_every_n_steps else 0,
         every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
         auto_insert_metric_name=False, enable_version_counter=False,  # resume overwrites last.ckpt
     )
-    trainer = L.Trainer(
-        max_steps=c.trainer.max_steps, max_epochs=-1, accelerator=c.trainer.accelerator, devices=c.trainer.devices,
-        strategy=make_strategy(c.trainer.strategy, c.trainer.strategy_kwargs, c.bundle.net),
-        precision=c.trainer.precision, logger=loggers,  # type: ignore[arg-type]  # validated by Lightning
-        callbacks=[ckpt_cb, diagnostics] + ([RLProgressBar()] if progress else [])
-        + ([FaultInjector(fault)] if fault.kind != "none" else []), plugins=[AtomicCheckpointIO()], enable_progress_bar=progress, enable_model_summary=False,
-        default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **c.trainer.extra,
-    )
-    t_fit = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
-    fit_s = time.perf_counter() - t_fit
+    with expected_warnings_silenced():
+        loggers = make_loggers(cfg, run_dir, ResumePoint(ckpt.global_step, ckpt.run.get("wandb_id")) if ckpt else None)
+        trainer = make_trainer(c, run_dir, loggers, [ckpt_cb, diagnostics, periodic] + ([RLProgressBar()] if progress else [])
+                               + ([FaultInjector(fault)] if fault.kind != "none" else []))
+        if ckpt is not None:  # resuming in this folder: keep the metric rows up to the checkpoint
+            continue_csv_log(loggers, ckpt.global_step)
+        # the run starts: everything above only checked the config
+        provenance = None
+        if c.run.warmstart.enabled:
+            provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, warm_start_key(cfg),
+                                    cfg.paths.cache_dir, progress)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance, "config": config}
+        if c.run.eval.before:
+            summary["before"], _ = evaluate(c.bundle, c.task, test_items, eval_sampler, c.run.eval.batch_size,
+                                            "evaluating before RL" if progress else None)
+            periodic.before = summary["before"] if ckpt is None else None  # a resumed run logged it already
+        module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
+                                   old_policy=c.run.old_policy)
+        module.warm_start = provenance
+        module.run_config = config  # type: ignore[assignment]
+        t_fit = time.perf_counter()
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
+        fit_s = time.perf_counter() - t_fit
     if not trainer.is_global_zero:  # data parallel: the first process evaluates and writes the summary
         return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step)}
     sharded = "FSDP" in type(trainer.strategy).__name__  # the policy's weights are sharded over processes
@@ -209,16 +224,38 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if c.run.eval.after and not sharded:
         summary["after"], records = evaluate(c.bundle, c.task, test_items, eval_sampler, c.run.eval.batch_size,
                                              "evaluating after RL" if progress else None)
+        periodic.record(trainer, summary["after"])
         with open(run_dir / "eval_generations.jsonl", "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
     summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
                     "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
+                    "num_test_items": len(test_items), "metric_definitions": c.task.metric_definitions(),
                     "fit_s": fit_s, "wall_s": time.perf_counter() - t_start})
     with open(run_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2, default=str)
     finish_loggers(loggers, summary)
     return summary
+
+
+def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -> L.Trainer:
+    """The Lightning trainer; a value Lightning rejects (``trainer.devices=3`` without 3 devices, ...)
+    is a one-line :class:`ConfigError`."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    t = c.trainer
+    try:
+        return L.Trainer(
+            max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=t.devices,
+            strategy=make_strategy(t.strategy, t.strategy_kwargs, c.bundle.net),
+            precision=t.precision,  # type: ignore[arg-type]  # checked by Lightning, a bad value -> ConfigError below
+            logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()], enable_progress_bar=t.enable_progress_bar,
+            enable_model_summary=False, default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **t.extra,
+        )
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as err:
+        text = " ".join(str(err).split()) or type(err).__name__
+        key = next((k for k in ("devices", "precision", "strategy", "accelerator") if k in text.lower()), "extra")
+        raise ConfigError(f"trainer.{key}", getattr(t, key), f"rejected by Lightning: {text[:300]}") from None
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -229,7 +266,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     for phase in ("before", "after"):
         if phase in summary:
             vals = ", ".join(f"{k}={v:.4f}" for k, v in summary[phase].items())
-            lines.append(f"  held-out {phase:6s} RL: {vals}")
+            lines.append(f"  held-out {phase:6s} RL: {vals}  ({summary.get('num_test_items', '?')} items)")
+    shown = list(summary.get("after") or summary.get("before") or {})
+    definitions = summary.get("metric_definitions") or {}
+    lines += [f"    {k}: {definitions[k]}" for k in shown if k in definitions]
     g = summary.get("grad", {})
     fmt = (lambda x: f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else str(x))
     lines.append(f"  optimizer steps: {summary.get('optimizer_steps')}  rollouts: {summary.get('rollouts')}"
@@ -242,4 +282,4 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["train", "build", "format_summary", "Components", "TrainerConfig", "EvalConfig", "RunConfig"]
+__all__ = ["train", "build", "format_summary", "warm_start_key", "Components", "TrainerConfig", "EvalConfig", "RunConfig"]

@@ -12,9 +12,15 @@ from diffusion_rl.models.policy import MODELS, ModelConfig, PolicyBundle
 from diffusion_rl.registry import discover
 
 
+def discover_models() -> None:
+    """Import every model module: registers the builders, and the native architectures with
+    ``AutoConfig`` / ``AutoModel`` (so ``AutoModel.from_pretrained`` builds them too)."""
+    discover(models_pkg.__name__, models_pkg.__path__)
+
+
 def build_policy(cfg: ModelConfig) -> PolicyBundle:
     """Build the named model, then apply the training options (LoRA, activation checkpointing)."""
-    discover(models_pkg.__name__, models_pkg.__path__)
+    discover_models()
     cfg.validate()
     bundle = MODELS.get(cfg.name)(cfg)
     bundle.net = prepare_for_training(bundle.net, cfg)

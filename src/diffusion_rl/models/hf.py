@@ -1,19 +1,26 @@
 """Hugging Face diffusion LMs behind the policy interface: ``model=hf model.path=<folder or hub id>``.
 
-The named configs use the same builder: ``model=llada_8b_instruct`` (``GSAI-ML/LLaDA-8B-Instruct``,
-its own bidirectional modelling code through ``AutoModel``), ``model=sdar_8b_chat`` /
-``sdar_1_7b_chat`` (``JetLM/SDAR-*-Chat``, block diffusion). What it does:
+The named configs use the same builder: ``model=llada_8b_instruct`` / ``llada_1_5``,
+``dream_7b_instruct``, ``sdar_8b_chat`` / ``sdar_1_7b_chat``. What it does:
+
+- ``model.impl=native`` (the default) never runs code from the checkpoint: a folder whose
+  ``model_type`` is one we implement (``llada``, ``Dream``, ``sdar``: ``models/native.py``) builds our
+  class from the released weights, any other architecture transformers' own class; a key or type
+  mismatch is a one-line error. ``model.impl=remote`` runs the checkpoint's own code (with
+  ``model.trust_remote_code=true``) for diffusion LMs we do not implement; code written for
+  transformers 4.x that never calls ``post_init()`` gets that call added after ``__init__`` (a shim,
+  logged as a warning).
 
 - ``model.path`` is a local folder (loaded with ``local_files_only``: no hub call) or a hub id; a
   missing folder, a folder without ``config.json``, weights or tokenizer, or an id that cannot be
   fetched fails in one line naming the path and what was expected.
-- ``model.trust_remote_code`` is passed as configured and nothing else turns it on: a checkpoint
-  that ships its own code and is loaded without it fails in one line saying so.
+- ``model.trust_remote_code`` is passed as configured (with ``impl=remote``) and nothing else turns it
+  on: a checkpoint that ships its own code and is loaded without it fails in one line saying so.
 - The model class is ``model.auto_class``, or with ``auto``: the class the checkpoint's remote code
   declares (``auto_map``), else ``AutoModelForMaskedLM`` or ``AutoModelForCausalLM``, whichever
   knows the architecture.
-- Mask / EOS ids come from the config, else the tokenizer (else the model config); padding falls
-  back to EOS.
+- Mask / EOS ids come from ``model.*_token_id``; else the mask id from the model's ``config.json``,
+  then the tokenizer; the EOS id from the tokenizer, then ``config.json``; padding falls back to EOS.
 - :class:`HFDiffusionLM` adapts the network to what the sampler and estimators call. With
   ``attention=native`` it passes the padding mask through (LLaDA masks nothing else). With
   ``bidirectional`` / ``block_causal`` it builds a 4D mask itself (every real key; block-causal
@@ -28,6 +35,7 @@ Training options (dtype, LoRA, activation checkpointing) are applied afterwards 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,10 @@ import torch
 from torch import nn
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.models.native import NATIVE, NativeDiffusionLM, NativeLM, load_tokenizer
 from diffusion_rl.models.policy import DTYPES, MODELS, ModelConfig, PolicyBundle
+
+log = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _EXPECTED = "expected a Hugging Face model folder (config.json, weights, tokenizer files) or a hub id like org/name"
@@ -75,7 +86,8 @@ def _load(what: str, fn, cfg: ModelConfig, *args, **kwargs):
             raise ConfigError(
                 "model.trust_remote_code",
                 False,
-                f"{cfg.path} ships its own modelling code; set model.trust_remote_code=true if you trust it",
+                f"{cfg.path} ships its own modelling code and is not a native architecture "
+                f"({', '.join(sorted(NATIVE))}); set model.impl=remote model.trust_remote_code=true if you trust it",
             ) from err
         raise ConfigError(
             "model.path", cfg.path, f"could not load the {what} ({_one_line(err)}): {_EXPECTED}"
@@ -145,22 +157,55 @@ def _special_id(cfg_value: int | None, *candidates: Any) -> int | None:
     return None
 
 
+def check_model_type(raw: dict[str, Any], src: str) -> None:
+    """One line naming a ``config.json``'s ``model_type`` that neither we nor transformers implement."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    kind = raw.get("model_type")
+    if kind in NATIVE or kind in CONFIG_MAPPING:
+        return
+    unknown = f"config.json has model_type {kind!r}: neither a native architecture ({', '.join(sorted(NATIVE))}) nor one transformers knows"
+    if "auto_map" in raw:  # it ships its own code
+        raise ConfigError("model.trust_remote_code", False,
+                          f"{src}: {unknown}; its own code runs only with model.impl=remote model.trust_remote_code=true")
+    raise ConfigError("model.path", src, unknown)
+
+
 @MODELS.register("hf")
 def build_hf(cfg: ModelConfig) -> PolicyBundle:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig
 
     src, local = resolve_path(cfg)
-    common = {"trust_remote_code": cfg.trust_remote_code, "local_files_only": local}
-    config = _load("config", AutoConfig.from_pretrained, cfg, src, **common)
-    tokenizer = _load("tokenizer", AutoTokenizer.from_pretrained, cfg, src, **common)
-    cls = model_class(config, cfg)
+    remote = cfg.impl == "remote" and cfg.trust_remote_code
+    common = {"trust_remote_code": remote, "local_files_only": local}
+    native = None
+    if cfg.impl == "native":
+        raw = _load("config", PreTrainedConfig.get_config_dict, cfg, src, local_files_only=local)[0]
+        check_model_type(raw, src)
+        native = NATIVE.get(raw.get("model_type"))
+    # our config class directly: released code imported in this process may have re-registered the type
+    load_config = AutoConfig.from_pretrained if native is None else native.config_class.from_pretrained  # type: ignore[union-attr]
+    config = _load("config", load_config, cfg, src, **common)
     kwargs = {_dtype_kwarg(): DTYPES[cfg.dtype], **_quantization(cfg), **cfg.extra}
-    model = _load("weights", cls.from_pretrained, cfg, src, config=config, **common, **kwargs)
-    if hasattr(model.config, "use_cache"):
-        model.config.use_cache = False  # the samplers never reuse a Hugging Face cache
+    if native is not None:
+        if cfg.block_size and getattr(config, "block_size", 0) is None:  # SDAR without it in config.json
+            config.block_size = cfg.block_size
+        tokenizer = _load("tokenizer", load_tokenizer, cfg, src, native, local_files_only=local)
+        model = _load("weights", native.from_pretrained, cfg, src, config=config, local_files_only=local, **kwargs)
+    else:
+        tokenizer = _load("tokenizer", AutoTokenizer.from_pretrained, cfg, src, **common)
+        own = remote_classes(config, cfg, src, local) if remote else None
+        if own is not None:  # the checkpoint's own code, even where we have a class for its model_type
+            config = _load("config", own[0].from_pretrained, cfg, src, local_files_only=local)
+            model = load_weights(own[1], src, config, cfg, common, kwargs)
+        else:
+            model = load_weights(model_class(config, cfg), src, config, cfg, common, kwargs)
+    # no Hugging Face cache objects (ours are plain lists, models/native.py); set even where the config
+    # lacks the field: transformers 5 moved it to the generation config, 4.x-era remote code still reads it
+    model.config.use_cache = False
 
     mask_id = _special_id(
-        cfg.mask_token_id, tokenizer.mask_token_id, getattr(config, "mask_token_id", None)
+        cfg.mask_token_id, getattr(config, "mask_token_id", None), tokenizer.mask_token_id
     )
     eos_id = _special_id(
         cfg.eos_token_id, tokenizer.eos_token_id, getattr(config, "eos_token_id", None)
@@ -185,6 +230,9 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
             )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = eos_id
+    if isinstance(model, NativeLM):
+        net, block_size = native_net(model, cfg)
+        return PolicyBundle(net, tokenizer, mask_id, eos_id, int(tokenizer.pad_token_id), block_size, True)
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     if cfg.attention != "native" and impl not in ("sdpa", "eager"):
         raise ConfigError(
@@ -197,6 +245,73 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
     return PolicyBundle(
         net, tokenizer, mask_id, eos_id, int(tokenizer.pad_token_id), cfg.block_size, custom
     )
+
+
+def native_net(model: NativeLM, cfg: ModelConfig) -> tuple[nn.Module, int]:
+    """The policy network over a native model and its block size, after checking ``model.attention``
+    and ``model.block_size`` against the checkpoint (its blocks are its own)."""
+    name, block = type(model).__name__, model.block_size
+    allowed = ("native", "block_causal") if block else ("native", "bidirectional")
+    if cfg.attention not in allowed:
+        why = f"block-causal over blocks of {block}" if block else "bidirectional"
+        raise ConfigError("model.attention", cfg.attention, f"{name} is {why}: allowed {', '.join(allowed)}")
+    if cfg.block_size not in (0, block):
+        what = f"its config.json says block_size={block}" if block else "it is not a block diffusion model"
+        raise ConfigError("model.block_size", cfg.block_size, f"{name}'s blocks are the checkpoint's: {what}")
+    if hasattr(model.config, "mask_padding"):  # LLaDA: the released forward attends over padding
+        model.config.mask_padding = cfg.attention == "bidirectional"
+    return NativeDiffusionLM(model), block
+
+
+def remote_classes(config: Any, cfg: ModelConfig, src: str, local: bool) -> tuple[Any, Any] | None:
+    """The config and model classes the checkpoint's ``auto_map`` names (``model.auto_class``, else
+    the first of masked-LM, causal-LM, base model it lists), or None if it ships no code. Taken from
+    the map itself: transformers 5 prefers a registered class (ours, for llada / Dream / sdar) even
+    with ``trust_remote_code``."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    names = [cfg.auto_class] if cfg.auto_class != "auto" else ["AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel"]
+    name = next((n for n in names if n in auto_map), None)
+    if name is None or "AutoConfig" not in auto_map:
+        return None
+    get = lambda ref: get_class_from_dynamic_module(ref, src, local_files_only=local)  # noqa: E731
+    return get(auto_map["AutoConfig"]), get(auto_map[name])
+
+
+def load_weights(cls, src: str, config: Any, cfg: ModelConfig, common: dict[str, Any], kwargs: dict[str, Any]):
+    """``cls.from_pretrained``; remote code that never calls ``post_init()`` (written for
+    transformers 4.x) is loaded again through a subclass that calls it after ``__init__``."""
+    try:
+        return _load("weights", cls.from_pretrained, cfg, src, config=config, **common, **kwargs)
+    except AttributeError as err:
+        if not (common["trust_remote_code"] and "all_tied_weights_keys" in str(err)):
+            raise
+    import transformers
+
+    log.warning("model.impl=remote: %s does not call post_init(), which transformers %s needs; loading it "
+                "through a subclass that calls it after __init__", cls.__name__, transformers.__version__)
+    return _load("weights", post_init_shim(cls).from_pretrained, cfg, src, config=config, **common, **kwargs)
+
+
+def post_init_shim(remote_cls: Any) -> Any:
+    """``remote_cls`` with ``post_init()`` after ``__init__`` and a ``tie_weights`` that takes the
+    arguments transformers 5 passes (4.x-era code defines ``tie_weights(self)``)."""
+
+    class Shimmed(remote_cls):  # type: ignore[valid-type, misc]
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            if not hasattr(self, "all_tied_weights_keys"):
+                self.post_init()
+
+        def tie_weights(self, *args, **kwargs):
+            try:
+                return super().tie_weights(*args, **kwargs)
+            except TypeError:  # the 4.x signature
+                return super().tie_weights()
+
+    Shimmed.__name__ = Shimmed.__qualname__ = remote_cls.__name__
+    return Shimmed
 
 
 class HFDiffusionLM(nn.Module):

@@ -5,8 +5,10 @@ builds one by name. This file imports none of them.
 
 A :class:`PolicyBundle` holds a network whose call ``net(input_ids=..., attention_mask=...)``
 returns an object with ``.logits`` (what the embedded model and Hugging Face diffusion LMs such as
-LLaDA both satisfy), its tokenizer, and the special ids the sampler needs. Nothing downstream knows
-which network it is.
+LLaDA both satisfy), its tokenizer, and the special ids the sampler needs. The logits at position
+``i`` always predict the token at ``i``: a model trained with shifted logits (Dream) is wrapped by its
+builder so that samplers and estimators never see the shift. Nothing downstream knows which network
+it is.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ MODELS: Registry[Callable[[ModelConfig], PolicyBundle]] = Registry("model.name")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AUTO_CLASSES = ("auto", "AutoModel", "AutoModelForMaskedLM", "AutoModelForCausalLM")
 ATTENTION = ("native", "bidirectional", "block_causal")
+IMPLS = ("native", "remote")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -45,14 +48,21 @@ class ModelConfig:
     # it); the embedded model does; a Hugging Face model says so in its config
     custom_attention_mask: bool = True
     learned_positions: bool = True  # learned absolute positions on top of rotary ones
-    # Hugging Face models (models/hf.py): a local folder or hub id, special ids (else the tokenizer's)
+    # Hugging Face models (models/hf.py): a local folder or hub id, special ids (else the config's, then
+    # the tokenizer's)
     path: str | None = None
     mask_token_id: int | None = None
     eos_token_id: int | None = None
-    trust_remote_code: bool = False  # run the checkpoint's own modelling code; never on unless set
-    auto_class: str = "auto"  # auto | AutoModel | AutoModelForMaskedLM | AutoModelForCausalLM
-    # native: the model masks attention itself (LLaDA); bidirectional | block_causal: a 4D mask built
-    # here from the padding mask (makes a decoder-only architecture a diffusion LM)
+    # native: our own classes for LLaDA / Dream / SDAR (models/llada.py, dream.py, sdar.py), transformers'
+    # own class for any other architecture; no checkpoint code runs. remote: the checkpoint's own
+    # modelling code (needs trust_remote_code), for diffusion LMs we do not implement
+    impl: str = "native"
+    trust_remote_code: bool = False  # run the checkpoint's own modelling code (impl=remote); never on unless set
+    auto_class: str = "auto"  # auto | AutoModel | AutoModelForMaskedLM | AutoModelForCausalLM (not native)
+    # native: as the model does it (LLaDA as released attends over padding; Dream masks padding; SDAR is
+    # block-causal over its checkpoint's blocks). bidirectional: padding masked, positions skip left
+    # padding (LLaDA's padding-aware option; for a non-native decoder, a 4D mask built here).
+    # block_causal: blocks of block_size (a non-native decoder; SDAR already is)
     attention: str = "bidirectional"
     extra: dict[str, Any] = field(default_factory=dict)  # more from_pretrained kwargs (attn_implementation, revision)
     # training options, any model (models/adapters.py)
@@ -73,10 +83,13 @@ class ModelConfig:
             raise ConfigError("model.d_model", self.d_model, f"must be divisible by model.n_heads={self.n_heads}")
         if self.block_size < 0:
             raise ConfigError("model.block_size", self.block_size, "must be >= 0 (0 = full attention)")
-        choices = {"auto_class": AUTO_CLASSES, "attention": ATTENTION, "dtype": tuple(DTYPES)}
+        choices = {"auto_class": AUTO_CLASSES, "attention": ATTENTION, "dtype": tuple(DTYPES), "impl": IMPLS}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"model.{key}", getattr(self, key), f"allowed: {', '.join(allowed)}")
+        if self.trust_remote_code and self.impl != "remote":
+            raise ConfigError("model.trust_remote_code", True,
+                              "runs the checkpoint's own modelling code: only with model.impl=remote")
         if self.attention == "block_causal" and self.block_size < 1:
             raise ConfigError("model.block_size", self.block_size, "must be >= 1 with model.attention=block_causal")
         if self.lora_r < 0:
@@ -127,7 +140,11 @@ class KVCacheLM(Protocol):
       place: the block's own keys are recomputed from its current tokens at every step.
 
     A model with shifted logits (Dream: position ``i - 1`` predicts token ``i``) must also return the
-    logits of the new tokens in that sense; the samplers do not shift.
+    logits of the new tokens in that sense and set ``logits_shift = 1``; its cache carries
+    ``next_logits``, the prediction for the first new token. The cached samplers then also run the
+    token before the block, so the block's first logits are computed. Positions of the new tokens
+    are ``cumsum(attention_mask) - 1`` unless the model sets ``mask_padding = False`` (LLaDA as
+    released: padding is attended and counted).
     """
 
     supports_kv_cache: bool
@@ -148,7 +165,7 @@ def check_cache_support(net: nn.Module, cache: str) -> None:
         raise ConfigError("sampler.cache", cache,
                           f"{type(net).__name__} cannot take a prefix + suffix cache (KVCacheLM.kv_cache_any_order): "
                           "use sampler.cache=prefix or none")
-    if getattr(getattr(net, "config", None), "block_size", 0):
+    if getattr(net, "block_size", 0) or getattr(getattr(net, "config", None), "block_size", 0):
         raise ConfigError("sampler.cache", cache,
                           "a block model's sampler already caches finished blocks exactly: use sampler.cache=none")
 

@@ -1,19 +1,23 @@
 """Countdown reward (SPEC §5): combine the given numbers with + - * / into the target.
 
-The answer (last ``<answer>`` block) is an arithmetic expression. It is evaluated by a small AST
-walker over exact ``Fraction`` arithmetic, never by ``eval``:
+The answer is an arithmetic expression, read where the prompt asks for it (``rewards/prompted.py``;
+d1's evaluation prompt asks for ``<answer>\\n\\boxed{...}\\n</answer>``, its training prompt for a bare
+``<answer>``): the last ``\\boxed{}`` of the last ``<answer>`` block, else that block's text; without
+an ``<answer>`` tag (or with an empty block) the last non-empty ``\\boxed{}`` anywhere. It is
+evaluated by a small AST walker over exact ``Fraction`` arithmetic, never by ``eval``:
 
 * 1.0: the expression uses each given number exactly once (multiset equality), only ``+ - * /``
   and parentheses, and equals the target within 1e-5;
-* 0.1: an ``<answer>`` tag is present but the expression is wrong or invalid;
-* 0.0: no ``<answer>`` tag.
+* 0.1: an answer is present (an ``<answer>`` tag or a box) but the expression is wrong or invalid;
+* 0.0: no answer.
 
 Decisions (documented here because the papers leave them open):
 
-* **Unary minus is allowed** (``-30+93+...``), unary plus is not. d1 evaluates with Python's
-  ``eval`` after a character whitelist, which accepts unary minus; it cannot reuse or skip a
-  number, it only lets a policy negate a sub-expression. ``**``, ``//``, ``%``, decimals, names and
-  calls are rejected.
+* **Unary minus and plus are allowed** (``-30+93+...``, ``+((43-92)+70)``): they cannot reuse or
+  skip a number (d1's ``eval`` accepts both). ``**``, ``//``, ``%``, decimals, names and calls are
+  rejected (d1 accepts ``**``, ``//`` and decimals: ``rewards/d1_arith.py``).
+* **LaTeX operators** inside a box are read as the prompt's operations: ``\\times`` and ``\\cdot``
+  as ``*``, ``\\div`` as ``/`` (as d1's evaluation does).
 * **A trailing ``= target`` is stripped**: ``30+93-100 = 23`` is read as ``30+93-100`` when the
   right-hand side is a plain number equal to the target; any other ``=`` makes the answer invalid.
 * **Only ASCII digits are digits.** ``"٣"`` is not 3 (Python's ``int`` and ``\\d`` would accept it);
@@ -34,7 +38,9 @@ from fractions import Fraction
 from itertools import combinations
 from typing import Any
 
-from diffusion_rl.rewards.answer import MAX_SCAN_CHARS, column, completion_text, extract_answer
+from diffusion_rl.rewards.answer import column, completion_text
+from diffusion_rl.rewards.math500 import last_boxed
+from diffusion_rl.rewards.prompted import answer_block
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +72,9 @@ def _walk(node: ast.AST, depth: int, budget: list[int], used: list[int]) -> Frac
             raise _Invalid("only integer literals")
         used.append(node.value)
         return Fraction(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_walk(node.operand, depth + 1, budget, used)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _walk(node.operand, depth + 1, budget, used)
+        return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp):
         left = _walk(node.left, depth + 1, budget, used)
         right = _walk(node.right, depth + 1, budget, used)
@@ -101,7 +108,7 @@ def _parse_arith(expr: Any, max_len: int) -> tuple[Fraction, list[int]] | None:
 
 
 def safe_eval_arith(expr: str, max_len: int = 200) -> Fraction | None:
-    """Exact value of an expression of integers, ``+ - * /``, unary minus and parentheses.
+    """Exact value of an expression of integers, ``+ - * /``, unary minus / plus and parentheses.
 
     Returns None for anything else: too long, other characters, ``**``, ``//``, syntax errors,
     division by zero, more than 1000 AST nodes or nesting deeper than 250 (bounds that only
@@ -165,17 +172,36 @@ def _strip_equals(expr: str, target: Fraction) -> str | None:
     return lhs if abs(Fraction(rhs) - target) < TOLERANCE else None
 
 
+_LATEX_OPERATORS = (("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"))
+
+
+def countdown_expression(completion: Any) -> str | None:
+    """The expression the completion answers (module docstring); "" for an answer tag with nothing
+    readable, None when the completion has no answer at all."""
+    text = completion_text(completion)
+    block = answer_block(text)
+    if block is None or not block:
+        boxed = last_boxed(text)
+        expr = boxed if boxed else ("" if block is not None else None)
+    else:
+        expr = last_boxed(block) or block
+    if expr is None:
+        return None
+    for latex, op in _LATEX_OPERATORS:
+        expr = expr.replace(latex, op)
+    return expr
+
+
 def countdown_score(completion: Any, numbers: Any, target: Any) -> float:
     """Reward of one completion (see the module docstring)."""
-    text = completion_text(completion)
-    if "<answer>" not in text[-MAX_SCAN_CHARS:]:
+    expr = countdown_expression(completion)
+    if expr is None:
         return 0.0
     nums, goal = _as_numbers(numbers), _as_target(target)
     if nums is None or goal is None:
         return FORMAT_REWARD
-    answer = extract_answer(text)
-    expr = _strip_equals(answer, goal) if len(answer) <= 1000 else None
-    parsed = None if expr is None else _parse_arith(expr, 200)
+    stripped = _strip_equals(expr, goal) if len(expr) <= 1000 else None
+    parsed = None if stripped is None else _parse_arith(stripped, 200)
     if parsed is None:
         return FORMAT_REWARD
     value, used = parsed

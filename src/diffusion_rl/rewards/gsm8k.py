@@ -1,22 +1,29 @@
 """GSM8K rewards (SPEC §5): numeric correctness plus d1's format terms.
 
 * ``gsm8k_correctness_reward``: 2.0 when the prediction equals the gold number. The prediction is
-  the ``\\boxed{}`` content of the answer (last ``<answer>`` block, else the whole completion) if
-  present, else the last number in the answer. Numbers compare as canonical decimal strings after
-  removing ``,``, ``$`` and trailing zeros (``$1,234.00`` == ``1234``). ``strict_string=True``
-  reproduces d1: the stripped answer text must equal the gold string exactly (``72.0`` is wrong).
-* d1's format terms (d1 ``diffu-grpo/reward_func.py``, from Will Brown's GRPO demo):
-  ``xml_count_reward`` (<= 0.5), ``soft_format_reward`` and ``strict_format_reward`` (0.5 each),
-  ``int_reward`` (0.5). ``GSM8K_D1_REWARDS`` sums them with correctness: at most 4.0.
+  read where the prompt asks for it (``rewards/prompted.py``): in the last ``<answer>`` block its
+  last non-empty ``\\boxed{}``, else the block's last number (an unclosed box or block still counts);
+  without an ``<answer>`` tag, or with an empty block, the last non-empty ``\\boxed{}`` anywhere;
+  otherwise none (the reasoning's last number is not an answer). Numbers compare as canonical
+  decimal strings after removing ``,``, ``$`` and trailing zeros (``$1,234.00`` == ``1234``); a
+  number raised to a power (``5²``, ``5^2``, ``10^{3}``) is not read as its base or its exponent.
+  ``strict_string=True`` compares the stripped answer text with the gold string exactly (``72.0``
+  is wrong); it is *not* d1's rule (d1 reads the text after the last ``<answer>`` and keeps a gold's
+  commas): ``task.rewards=d1`` is (``rewards/d1_rewards.py``).
+* The format terms follow d1's (``diffu-grpo/reward_func.py``, from Will Brown's GRPO demo) with the
+  corrections below: ``xml_count_reward`` (<= 0.5), ``soft_format_reward`` and
+  ``strict_format_reward`` (0.5 each), ``int_reward`` (0.5). ``GSM8K_D1_REWARDS`` sums them with
+  correctness: at most 4.0 (preset ``d1_fixed``; ``d1`` is d1's own functions).
 
-Deviations and decisions:
+Deviations from d1's functions (corrections, preset ``d1_fixed``):
 
 * ``xml_count_reward``: 0.125 for each of ``<reasoning>\\n``, ``\\n</reasoning>\\n``,
   ``\\n<answer>\\n`` and ``\\n</answer>`` appearing exactly once, minus 0.001 per character after the
   final ``</answer>`` (surrounding whitespace is free, as d1's ``- 1`` spares one newline),
   floored at 0. d1 subtracts the trailing text twice (once per closing-tag spelling) and can go negative.
-* The format checks are literal ``str.find`` scans equivalent to d1's DOTALL regexes (tested
-  against them), linear in the input; completions longer than 100k characters score 0 format.
+* The format checks are literal ``str.find`` scans equivalent to d1's regexes *with* DOTALL
+  (d1's have none, so a reasoning over several lines fails both of d1's checks; here it passes),
+  linear in the input (in C), so they need no length cap.
 * ``int_reward`` is d1's ``str.isdigit`` restricted to ASCII: ``"٣"`` and ``"²"`` are not integers.
   Likewise only ASCII ``0-9`` are digits everywhere here: unicode digits are never normalised.
 """
@@ -30,6 +37,7 @@ from typing import Any
 
 from diffusion_rl.rewards.answer import column, completion_text, extract_answer
 from diffusion_rl.rewards.math500 import last_boxed
+from diffusion_rl.rewards.prompted import answer_block
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +45,11 @@ CORRECT_REWARD = 2.0
 FORMAT_REWARD = 0.5
 XML_TAG_REWARD = 0.125
 TRAILING_PENALTY = 0.001  # per character after the final </answer>
-MAX_FORMAT_CHARS = 100_000
 MAX_NUMBER_CHARS = 100
 
-_NUMBER_TOKEN_RE = re.compile(r"-?[0-9](?:[0-9,]*[0-9])?(?:\.[0-9]+)?")
+# a number that is neither an exponent (^2, ^{2}) nor a base (5², 5^2), nor the tail of a longer run
+# of digits; atomic, so that "25²" cannot match as "2"
+_NUMBER_TOKEN_RE = re.compile(r"(?>-?(?<![\^0-9.,])(?<!\^\{)[0-9](?:[0-9,]*[0-9])?(?:\.[0-9]+)?)(?![\^⁰¹²³⁴⁵⁶⁷⁸⁹])")
 _CANONICAL_RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?")
 _ASCII_INT_RE = re.compile(r"[0-9]+")
 _REASONING_TO_ANSWER_RE = re.compile(r"</reasoning>\s*<answer>")
@@ -81,24 +90,37 @@ def normalize_number(s: str) -> str | None:
     return body if sign != "-" or body == "0" else f"-{body}"
 
 
+_DEGREES = ("^{\\circ}", "^\\circ", "°")  # a degree sign, not a power
+
+
 def _last_number(text: str) -> str | None:
+    for degrees in _DEGREES:
+        text = text.replace(degrees, "")
     last = None
     for m in _NUMBER_TOKEN_RE.finditer(text):
         last = m
     return None if last is None else last.group(0)
 
 
+def _box_number(boxed: str) -> str | None:
+    return boxed if normalize_number(boxed) is not None else _last_number(boxed)
+
+
 def extract_gsm8k_prediction(completion: str) -> str | None:
-    """The ``\\boxed{}`` content of the answer if present, else the answer's last number.
+    """The number the completion answers (see the module docstring), else None.
 
     A box whose content is not a plain number yields the last number inside it
     (``\\boxed{18 \\text{ dollars}}`` -> ``18``).
     """
-    answer = extract_answer(completion_text(completion))
-    boxed = last_boxed(answer)
-    if boxed is not None:
-        return boxed if normalize_number(boxed) is not None else _last_number(boxed)
-    return _last_number(answer)
+    text = completion_text(completion)
+    block = answer_block(text)
+    if block is not None:
+        boxed = last_boxed(block)
+        pred = (_box_number(boxed) if boxed else None) or _last_number(block)
+        if pred is not None:
+            return pred
+    boxed = last_boxed(text)
+    return _box_number(boxed) if boxed else None
 
 
 def gsm8k_correct(completion: Any, gold: Any, strict_string: bool = False) -> bool:
@@ -130,7 +152,7 @@ def xml_count_score(text: str) -> float:
 
 def strict_format_ok(text: str) -> bool:
     """d1's ``re.match(r"^<reasoning>\\n.*?\\n</reasoning>\\n<answer>\\n.*?\\n</answer>\\n$", DOTALL)``."""
-    if not isinstance(text, str) or len(text) > MAX_FORMAT_CHARS:
+    if not isinstance(text, str):
         return False
     head, mid, tail = "<reasoning>\n", "\n</reasoning>\n<answer>\n", "\n</answer>\n"
     if not text.startswith(head):
@@ -147,11 +169,7 @@ def strict_format_ok(text: str) -> bool:
 
 def soft_format_ok(text: str) -> bool:
     """d1's ``re.match(r"<reasoning>.*?</reasoning>\\s*<answer>.*?</answer>", DOTALL)``."""
-    if (
-        not isinstance(text, str)
-        or len(text) > MAX_FORMAT_CHARS
-        or not text.startswith("<reasoning>")
-    ):
+    if not isinstance(text, str) or not text.startswith("<reasoning>"):
         return False
     m = _REASONING_TO_ANSWER_RE.search(text, len("<reasoning>"))
     return m is not None and text.find("</answer>", m.end()) >= 0

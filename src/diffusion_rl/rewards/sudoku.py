@@ -7,14 +7,17 @@ padded with ``0`` to 16 cells. The reward counts only the puzzle's empty cells.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from itertools import islice
 from typing import Any
 
 from diffusion_rl.rewards.answer import extract_answer
+from diffusion_rl.rewards.prompted import answer_block
 
 N_CELLS = 16
 DIGITS = "0123456789"  # ASCII only: str.isdigit would also accept "３" or "٣"
+_DIGIT_RE = re.compile("[0-9]")
 SYMBOLS = "1234"
 # Every row, column and 2x2 box as a tuple of cell indices.
 UNITS: tuple[tuple[int, ...], ...] = (
@@ -38,8 +41,11 @@ def is_valid_solution(grid: str) -> bool:
 # ---- answers, reward, metrics --- -------------------------------------------------------------------
 def parse_answer(completion: Any) -> str:
     """The answer's ASCII digits, truncated / padded with ``0`` to 16 characters."""
-    answer = extract_answer(completion)  # already cut to a bounded tail
-    digits = "".join(islice((c for c in answer if c in DIGITS), N_CELLS))
+    if isinstance(completion, str) and "<reasoning>" in completion and answer_block(completion) is None:
+        return "0" * N_CELLS  # a chat response cut off before its answer
+    answer = extract_answer(completion)
+    # the first 16 digits: the regex skips non-digits in C, so a huge answer costs a scan, not a loop
+    digits = "".join(m.group() for m in islice(_DIGIT_RE.finditer(answer), N_CELLS))
     return digits.ljust(N_CELLS, "0")
 
 

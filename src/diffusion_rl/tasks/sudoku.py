@@ -6,7 +6,9 @@ Grids are 16-character row-major strings; a puzzle uses ``0`` for an empty cell.
 removing cells from a grid while the solution stays unique. The prompt is the compact template of
 the character-level model: the puzzle then ``=`` (``"3102200002100320="``); the target is the
 solution. A CSV in the public format (header ``Puzzle,Solution``) can replace the generated test
-set via ``task.data_path``.
+set via ``task.data_path``. Reward (``task.rewards``): the share of empty cells filled right
+(``auto`` / ``plain`` / ``d1_fixed``), or d1's own (``d1``: digits by ``str.isdigit``, a closed
+``<answer>`` required, 0 for a puzzle without empty cells).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.rewards import d1_rewards
 from diffusion_rl.rewards.sudoku import (
     DIGITS,
     N_CELLS,
@@ -128,42 +131,59 @@ def split_grids(seed: int, test_fraction: float) -> tuple[list[str], list[str]]:
 
 
 # ---- data ---------------------------------------------------------------------------------------
-def load_sudoku_csv(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a ``Puzzle,Solution`` CSV as ``{"puzzle", "solution"}`` dicts, validated."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"Sudoku CSV not found: {path}")
+def load_sudoku_csv(path: str | Path, key: str = "task.data_path") -> list[dict[str, str]]:
+    """Rows of a ``Puzzle,Solution`` CSV as ``{"puzzle", "solution"}`` dicts, validated; a missing
+    file or a bad row is a one-line :class:`ConfigError` on ``key`` naming the line."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(key, str(path), "no such file")
     items: list[dict[str, str]] = []
-    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig drops a BOM
-        reader = csv.reader(f)
-        header_seen = False
-        for row in reader:
-            fields = [x.strip() for x in row]
-            if not any(fields):
-                continue  # blank line
-            where = f"{path}, line {reader.line_num}"
-            if not header_seen:
-                if [x.lower() for x in fields] != ["puzzle", "solution"]:
-                    raise ValueError(f"{where}: expected header 'Puzzle,Solution', got {row!r}")
-                header_seen = True
-                continue
-            items.append(_parse_row(fields, where))
+    try:
+        with file.open(newline="", encoding="utf-8-sig") as f:  # -sig drops a BOM
+            reader = csv.reader(f)
+            header_seen = False
+            for row in reader:
+                fields = [x.strip() for x in row]
+                if not any(fields):
+                    continue  # blank line
+                where = f"line {reader.line_num}"
+                if not header_seen:
+                    if [x.lower() for x in fields] != ["puzzle", "solution"]:
+                        raise ConfigError(key, str(path), f"{where}: expected header 'Puzzle,Solution', got {row!r}")
+                    header_seen = True
+                    continue
+                problem = _row_problem(fields)
+                if problem:
+                    raise ConfigError(key, str(path), f"{where}: {problem}")
+                items.append({"puzzle": fields[0], "solution": fields[1]})
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise ConfigError(key, str(path), f"not a readable CSV file ({type(err).__name__})") from None
     if not header_seen:
-        raise ValueError(f"{path}: empty file, expected header 'Puzzle,Solution'")
+        raise ConfigError(key, str(path), "empty file, expected header 'Puzzle,Solution'")
     return items
 
 
-def _parse_row(fields: list[str], where: str) -> dict[str, str]:
+def _row_problem(fields: list[str]) -> str:
+    """What is wrong with a ``Puzzle,Solution`` row ('' if nothing)."""
     if len(fields) != 2:
-        raise ValueError(f"{where}: expected 2 columns, got {len(fields)}")
+        return f"expected 2 columns, got {len(fields)}"
     puzzle, solution = fields
     if len(puzzle) != N_CELLS or any(c not in _PUZZLE_CHARS for c in puzzle):
-        raise ValueError(f"{where}: puzzle must be {N_CELLS} digits 0-4, got {puzzle!r}")
+        return f"puzzle must be {N_CELLS} digits 0-4, got {puzzle!r}"
     if not is_valid_solution(solution):
-        raise ValueError(f"{where}: solution is not a valid 4x4 grid: {solution!r}")
+        return f"solution is not a valid 4x4 grid: {solution!r}"
     if not keeps_givens(solution, puzzle):
-        raise ValueError(f"{where}: solution contradicts the puzzle's givens")
-    return {"puzzle": puzzle, "solution": solution}
+        return "solution contradicts the puzzle's givens"
+    return ""
+
+
+REWARD_PRESETS = ("auto", "d1", "d1_fixed", "plain")
+
+
+def _d1_cell_reward(prompts: list[str], completions: list[str], **fields: Any) -> list[float]:
+    """d1's Sudoku reward; a bare grid (our compact prompts) is scored as ``<answer>{grid}</answer>``."""
+    tagged = [c if "<answer>" in c else f"<answer>{c}</answer>" for c in completions]
+    return d1_rewards.d1_sudoku_reward(prompts, tagged, **fields)
 
 
 @dataclass
@@ -174,6 +194,7 @@ class SudokuConfig(TaskConfig):
     min_givens: int = 4
     max_givens: int = 10
     test_fraction: float = 0.2  # share of the 288 grids held out (generated test set)
+    rewards: str = "auto"  # auto = d1_fixed = plain (our cell reward) | d1 (d1's own, quirks included)
 
     def validate(self) -> None:
         super().validate()
@@ -189,6 +210,8 @@ class SudokuConfig(TaskConfig):
             )
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError("task.test_fraction", self.test_fraction, "must be in (0, 1)")
+        if self.rewards not in REWARD_PRESETS:
+            raise ConfigError("task.rewards", self.rewards, f"allowed presets: {', '.join(REWARD_PRESETS)}")
 
 
 @TASKS.register("sudoku")
@@ -197,6 +220,12 @@ class SudokuTask(Task):
 
     config_class = SudokuConfig
     cfg: SudokuConfig
+    metric_help = {
+        "cell_accuracy": "share of each puzzle's empty cells filled with the reference digit, averaged over puzzles",
+        "solved_rate": "share of puzzles whose empty cells all match the reference (given cells are not checked)",
+        "valid_rate": "share of answers that are a valid grid keeping every given: an answer that rewrites "
+                      "a given cell is not valid, so this can be below solved_rate",
+    }
 
     @functools.cached_property
     def _csv_items(self) -> list[dict[str, str]] | None:
@@ -236,8 +265,9 @@ class SudokuTask(Task):
         rng = random.Random(f"sudoku/test/{cfg.seed}")  # independent of the training stream
         seen: dict[str, str] = {}
         # Distinct puzzles where possible; a tiny grid set / givens range may allow fewer.
-        for _ in range(50 * cfg.num_test):
-            if len(seen) == cfg.num_test:
+        n = cfg.generated_num_test
+        for _ in range(50 * n):
+            if len(seen) == n:
                 break
             grid = rng.choice(grids)
             seen.setdefault(make_puzzle(grid, rng, cfg.min_givens, cfg.max_givens), grid)
@@ -250,6 +280,8 @@ class SudokuTask(Task):
         return item["solution"]
 
     def reward_functions(self) -> list[tuple[str, RewardFn, float]]:
+        if self.cfg.rewards == "d1":
+            return [("d1_cell", _d1_cell_reward, 1.0)]
         return [("cell", sudoku_cell_reward, 1.0)]
 
     def metrics(

@@ -18,7 +18,9 @@ Two prompt styles, chosen by ``task.prompt_style``:
 Templates are ``str.format`` strings over the fields each task names in ``template_fields``
 (literal braces doubled); an unknown field fails at start-up. Rewards: ``task.rewards`` is a
 preset (``auto``: ``d1`` for chat prompts, ``plain`` for compact ones) or a ``{name: weight}``
-mapping over the task's reward functions (:meth:`TextTask.reward_catalogue`).
+mapping over the task's reward functions (:meth:`TextTask.reward_catalogue`). Presets: ``d1`` = d1's
+own reward functions, quirks included (``rewards/d1_rewards.py``); ``d1_fixed`` = the same terms
+corrected (the default for chat prompts); ``plain`` = correctness only (compact prompts).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class TextTaskConfig(TaskConfig):
     chat_eval_system: str = BOXED_EVAL_SYSTEM  # chat, evaluation
     chat_user_template: str = ""
     eval_prefill: str = "<reasoning>"  # chat only: ends the evaluation prompt, starts the response
-    rewards: str | dict[str, float] = "auto"  # auto | d1 | plain | {name: weight}
+    rewards: str | dict[str, float] = "auto"  # auto | d1 | d1_fixed | plain | {name: weight}
     num_train: int | None = None  # at most this many training items (seeded subset); null: all
     train_data_path: str | None = None  # local training JSONL; null: the hub (or the generator)
     hub_id: str = ""
@@ -99,6 +101,7 @@ class TextTask(Task):
     cfg: TextTaskConfig
     template_fields: tuple[str, ...] = ()
     correct_reward: float = 2.0  # the "correct" function's value for a right answer
+    metric_help = {"accuracy": "share of items whose answer the task's correctness reward accepts (the papers' metric)"}
 
     def __init__(self, cfg: TextTaskConfig):
         super().__init__(cfg)
@@ -113,7 +116,7 @@ class TextTask(Task):
 
     @abstractmethod
     def load_test(self) -> list[dict[str, Any]]:
-        """Held-out items (at most ``num_test``); called once (cached)."""
+        """Held-out items (all of them unless ``num_test`` caps them); called once (cached)."""
 
     @functools.cached_property
     def _train(self) -> list[dict[str, Any]]:
@@ -147,7 +150,7 @@ class TextTask(Task):
 
     @abstractmethod
     def reward_presets(self) -> dict[str, dict[str, float]]:
-        """``{"d1": {...}, "plain": {...}}`` weights over :meth:`reward_catalogue` names."""
+        """``{"d1": {...}, "d1_fixed": {...}, "plain": {...}}`` weights over :meth:`reward_catalogue` names."""
 
     # ---- prompts ------------------------------------------------------------------------------
     def use_tokenizer(self, tokenizer: Any) -> None:
@@ -204,7 +207,9 @@ class TextTask(Task):
         spec = self.cfg.rewards
         presets = self.reward_presets()
         if isinstance(spec, str):
-            name = ("plain" if self.compact else "d1") if spec == "auto" else spec
+            # auto: our corrected d1 set for chat prompts (a task without one, e.g. code, gets its "d1")
+            chat_default = "d1_fixed" if "d1_fixed" in presets else "d1"
+            name = ("plain" if self.compact else chat_default) if spec == "auto" else spec
             if name not in presets:
                 raise ConfigError("task.rewards", spec, f"allowed presets: auto, {', '.join(presets)}; or a {{name: weight}} mapping")
             spec = presets[name]
@@ -213,17 +218,24 @@ class TextTask(Task):
         for name, weight in spec.items():
             if name not in catalogue:
                 raise ConfigError("task.rewards", name, f"unknown reward; allowed: {', '.join(sorted(catalogue))}")
-            fn = _as_answer(catalogue[name]) if self.compact else catalogue[name]
-            out.append((name, fn, float(weight)))
+            out.append((name, self.as_scored(catalogue[name]), float(weight)))
         return out
 
     def reward_functions(self) -> list[tuple[str, RewardFn, float]]:
         return list(self._rewards)
 
+    def as_scored(self, fn: RewardFn) -> RewardFn:
+        """A catalogue function as the task applies it: a compact completion is the bare answer, scored
+        as ``<answer>{completion}</answer>``."""
+        return _as_answer(fn) if self.compact else fn
+
+    def correctness_reward(self) -> RewardFn:
+        """The reward function behind :meth:`correctness` (the catalogue's ``correct``)."""
+        return self.reward_catalogue()["correct"]
+
     def correctness(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[bool]:
         """Whether each completion's answer is right (the ``correct`` reward at full value)."""
-        fn = self.reward_catalogue()["correct"]
-        fn = _as_answer(fn) if self.compact else fn
+        fn = self.as_scored(self.correctness_reward())
         fields = {k: [it.get(k) for it in items] for k in items[0]} if items else {}
         prompts = [""] * len(completions)
         return [v >= self.correct_reward for v in fn(prompts, list(completions), **fields)]

@@ -6,10 +6,15 @@
   a ``tempfile.mkstemp()`` file in the system temp folder and ``shutil.move``s it: a copy, not a
   rename, whenever that folder is on another file system than the run (and a kill mid-copy leaves a
   truncated ``last.ckpt``).
+- :class:`RunCheckpoint`: Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` is always the final
+  model: Lightning writes ``last`` at the end of a run only if no checkpoint was written during it, so
+  a 10-step run checkpointing every 3 steps left ``last.ckpt`` at step 9.
+- Every checkpoint carries ``checkpoint["run"]``: the run's resolved config (model, tokenizer, task,
+  sampler: what ``src/eval.py`` rebuilds) and the id of its W&B run (what a resumed run continues).
 - :func:`resolve_checkpoint` turns ``ckpt_path`` (``last``, a run folder or a file) into a file and
   checks that it loads with ``weights_only=True`` (memory-mapped: the tensors are not read). A
   missing, truncated or foreign file stops the run in one line naming the newest readable step
-  checkpoint in the same folder.
+  checkpoint in the same folder; ``last`` in a folder that holds no run says which folder to name.
 - :func:`rng_state` / :func:`set_rng_state`: the global torch, CUDA, numpy and Python generators as
   tensors, lists and numbers, so checkpoints stay loadable with ``weights_only=True``.
 - :func:`continue_csv_log`: a run resumed in its own folder keeps the CSV rows up to the checkpoint
@@ -22,13 +27,16 @@ import csv
 import os
 import random
 import re
-from dataclasses import dataclass
+import warnings
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from diffusion_rl.errors import ConfigError
 
@@ -66,11 +74,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, path)
 
 
+class RunCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` is the final model, whatever the checkpoint interval."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        with warnings.catch_warnings():
+            # Lightning's 12-line advice for manual optimization: our checkpoints are meant to hold
+            # the weights after the step's updates, which is what it warns they will hold
+            warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.save_last and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._last_global_step_saved = trainer.global_step
+
+
 # ---- resolving and checking a checkpoint ----------------------------------------------------------
+RUN_KEY = "run"  # checkpoint[RUN_KEY]: {"config": resolved run config, "wandb_id": str | None}
+
+
 @dataclass
 class CheckpointRef:
     path: Path
     global_step: int
+    run: dict[str, Any] = field(default_factory=dict)  # checkpoint[RUN_KEY] ({} in older checkpoints)
 
 
 class _Unreadable(Exception):
@@ -80,18 +108,26 @@ class _Unreadable(Exception):
 _STEP_RE = re.compile(r"(\d+)")
 
 
-def _inspect(path: Path) -> int:
-    """The checkpoint's ``global_step``; raises :class:`_Unreadable` with a one-line reason."""
+def _load(path: Path) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a diffusion_rl checkpoint (memory-mapped: tensors are not
+    read); raises :class:`_Unreadable` with a one-line reason."""
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is not one
+        raise _Unreadable("not a PyTorch checkpoint (torch.save writes a zip archive; this file is not one)")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # noqa: BLE001 - truncated, not a zip, or not weights_only-safe
+    except Exception as err:  # noqa: BLE001 - truncated, or not weights_only-safe
         first = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0]
-        raise _Unreadable(f"{type(err).__name__}: {first[:160]}") from err
+        raise _Unreadable(f"truncated or corrupt ({type(err).__name__}: {first[:160]})") from err
     if not isinstance(blob, dict) or not isinstance(blob.get("state_dict"), dict):
         raise _Unreadable("not a Lightning checkpoint (no state_dict)")
     if not any(k.startswith("policy.") for k in blob["state_dict"]):
         raise _Unreadable("holds no 'policy.*' weights (not a diffusion_rl checkpoint?)")
-    return int(blob.get("global_step", 0))
+    return blob
+
+
+def _inspect(path: Path) -> int:
+    """The checkpoint's ``global_step``; raises :class:`_Unreadable` with a one-line reason."""
+    return int(_load(path).get("global_step", 0))
 
 
 def newest_readable(folder: Path, exclude: Path | None = None) -> Path | None:
@@ -119,21 +155,51 @@ def checkpoint_file(value: str | Path) -> Path:
     return path
 
 
+RUNS_ROOT = Path("outputs")  # Hydra's runs and multiruns (conf/config.yaml), relative to the launch folder
+
+
+def newest_run_checkpoint(root: str | Path = RUNS_ROOT) -> Path | None:
+    """The most recently written ``checkpoints/last.ckpt`` below ``root`` (a folder of runs), if any."""
+    root = Path(root)
+    found = list(root.glob("**/checkpoints/last.ckpt")) if root.is_dir() else []
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
 def resolve_checkpoint(value: str, run_dir: str | Path) -> CheckpointRef:
     """``last`` -> ``<run_dir>/checkpoints/last.ckpt``; a run folder -> its ``checkpoints/last.ckpt``.
 
     Raises :class:`ConfigError` (one line) for a missing or unreadable file.
     """
-    path = Path(run_dir) / "checkpoints" / "last.ckpt" if value == "last" else checkpoint_file(value)
+    run_dir = Path(run_dir)
+    path = run_dir / "checkpoints" / "last.ckpt" if value == "last" else checkpoint_file(value)
+    if value == "last" and not (run_dir / "checkpoints").is_dir():
+        # most likely a new timestamped folder: say which folder to name, not that this one is empty
+        newest = newest_run_checkpoint()
+        hint = f" (the newest run under {RUNS_ROOT}/ is {newest.parent.parent})" if newest else ""
+        raise ConfigError("ckpt_path", value, f"resumes the run in hydra.run.dir, and {run_dir} holds no "
+                          f"checkpoints: add hydra.run.dir=<run folder>{hint}, or give ckpt_path=<run folder or .ckpt>")
     if not path.is_file():
         raise ConfigError("ckpt_path", value, f"no checkpoint file at {path}")
     try:
-        step = _inspect(path)
+        blob = _load(path)
     except _Unreadable as err:
         good = newest_readable(path.parent, exclude=path)
         hint = f"; newest readable checkpoint there: {good}" if good else "; no readable checkpoint in that folder"
         raise ConfigError("ckpt_path", value, f"refused {path}: {err}{hint}") from None
-    return CheckpointRef(path, step)
+    run = blob.get(RUN_KEY)
+    return CheckpointRef(path, int(blob.get("global_step", 0)), dict(run) if isinstance(run, dict) else {})
+
+
+def load_checkpoint(value: str | Path, key: str = "ckpt_path") -> tuple[Path, dict[str, Any]]:
+    """A checkpoint file or run folder, loaded for evaluation: ``(file, checkpoint dict)``; a missing
+    or unreadable file is a one-line :class:`ConfigError` on ``key``."""
+    path = checkpoint_file(value)
+    if not path.is_file():
+        raise ConfigError(key, str(value), f"no checkpoint file at {path}")
+    try:
+        return path, _load(path)
+    except _Unreadable as err:
+        raise ConfigError(key, str(value), f"refused {path}: {err}") from None
 
 
 # ---- global random generators ---------------------------------------------------------------------

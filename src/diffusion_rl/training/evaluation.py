@@ -1,10 +1,15 @@
-"""Greedy evaluation of a policy on a task's items, batched, with a progress bar."""
+"""Greedy evaluation of a policy on a task's items, batched, with a progress bar; during RL every
+``eval.every_n_steps`` optimizer steps (:class:`PeriodicEval`, ``eval/<metric>`` in the loggers)."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+import lightning as L
 import torch
 from tqdm.auto import tqdm
 
@@ -39,6 +44,70 @@ def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: S
     completions = generate_texts(bundle, prompts, greedy, batch_size, desc=desc)
     metrics = task.metrics(completions, items)
     rewards = task.rewards(completions, items).tolist()
-    records = [{"prompt": p, "completion": c, "reward": r, **it}
-               for p, c, r, it in zip(prompts, completions, rewards, items)]
+    extra = task.details(completions, items)
+    records = [{"prompt": p, "completion": c, "reward": r, **it, **x}
+               for p, c, r, it, x in zip(prompts, completions, rewards, items, extra)]
     return metrics, records
+
+
+class PeriodicEval(L.Callback):
+    """Held-out metrics as ``eval/<metric>`` rows: the warm start's at step 0 (``before``), every
+    ``every_n_steps`` optimizer steps, and the final policy's (:meth:`record`, called by ``train``).
+
+    Evaluates on the first process only when a single process trains (the weights are whole there);
+    with several processes it evaluates before and after RL only.
+    """
+
+    def __init__(self, task, items: list[dict[str, Any]], sampler: SamplerConfig, batch_size: int,
+                 every_n_steps: int, before: dict[str, float] | None = None):
+        self.task, self.items, self.sampler, self.batch_size = task, items, sampler, batch_size
+        self.every_n_steps, self.before = every_n_steps, before
+        self.logged_step = -1  # rides in checkpoints: a resumed run evaluates at the same steps
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"logged_step": self.logged_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.logged_step = int(state_dict.get("logged_step", -1))
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.before is not None and trainer.global_step == 0:  # a resumed run logged it already
+            self.record(trainer, self.before)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step, every = trainer.global_step, self.every_n_steps
+        if not every or step // every <= self.logged_step // every or trainer.world_size > 1:
+            return
+        metrics, _ = evaluate(pl_module.bundle, self.task, self.items, self.sampler, self.batch_size, desc=None)
+        self.record(trainer, metrics)
+
+    def record(self, trainer, metrics: dict[str, float]) -> None:
+        """``eval/<metric>`` at the current optimizer step (once per step), written to disk now."""
+        step = trainer.global_step
+        if step == self.logged_step or not trainer.is_global_zero:
+            return
+        self.logged_step = step
+        for logger in trainer.loggers:
+            logger.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()}, step=step)
+            logger.save()
+
+
+# Lightning warnings every run would print, each expected here (the reason next to it)
+EXPECTED_WARNINGS = (
+    # the frozen old-policy and reference copies are in eval mode on purpose
+    r"Found \d+ module\(s\) in eval mode at the start of training",
+    # Lightning 2.6 calls a pytree API that torch 2.13 deprecates; nothing to change on our side
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # metrics.csv goes into the run folder, which always holds Hydra's files; a resumed run keeps
+    # its rows up to the checkpoint (checkpoint.continue_csv_log) and nothing else is there to delete
+    r"Experiment logs directory .* exists and is not empty",
+)
+
+
+@contextmanager
+def expected_warnings_silenced() -> Iterator[None]:
+    """Silence :data:`EXPECTED_WARNINGS` (and only them) inside the block."""
+    with warnings.catch_warnings():
+        for pattern in EXPECTED_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        yield

@@ -6,14 +6,26 @@ entity, group, tags, name (default: the run folder's name), ``offline``. Without
 (``WANDB_API_KEY``, a ``.netrc`` entry as ``wandb login`` writes, or ``WANDB_IDENTITY_TOKEN_FILE``)
 the run logs offline and says so once per process; ``wandb sync <run>/wandb/offline-run-*`` uploads
 it later. The resolved config goes to W&B at ``wandb.init``; the held-out results of the summary go
-to the W&B run summary when :func:`finish_loggers` closes it.
+to the W&B run summary when :func:`finish_loggers` closes it. W&B's own step is the optimizer step
+(``trainer/global_step``), so a history row is a step.
+
+A resumed run continues its dashboards where its checkpoint was written (:class:`ResumePoint`): the
+CSV keeps its rows up to the checkpoint (``checkpoint.continue_csv_log``); TensorBoard purges the
+events after it (``purge_step``); W&B continues the same run (its id rides in the checkpoint)
+rewound to the checkpoint's step (``wandb.init(resume_from="<id>?_step=<step>")``, recorded in an
+offline run and applied when it is synced). A ``wandb`` without ``resume_from`` (before 0.17.1), or a
+server that refuses the rewind, gets a new run named ``<name>-resumed-step<N>`` that says which run
+and step it continues (config ``resumed_from``).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 import netrc
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +40,7 @@ from diffusion_rl.errors import ConfigError
 log = logging.getLogger(__name__)
 
 LOGGERS = ("csv", "tensorboard", "wandb")
+OFFLINE_FLUSH_S = 2.0  # seconds between writes of an offline W&B run's file (wandb's default: 15)
 _said_offline = False
 
 
@@ -47,22 +60,71 @@ class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)  # logger=wandb
 
 
-def make_loggers(cfg: DictConfig, run_dir: Path) -> list:
+@dataclass
+class ResumePoint:
+    """Where a resumed run's dashboards continue: the checkpoint's optimizer step and the W&B run
+    it logged to (``None``: it had none)."""
+
+    step: int
+    wandb_id: str | None = None
+
+
+def check_loggers(cfg: DictConfig) -> LoggerConfig:
+    """The validated ``logger`` group; a logger whose package is missing is a one-line error."""
     lcfg = from_dict(LoggerConfig, cfg.get("logger") or {}, "logger")
+    for name in lcfg.names:
+        if name not in LOGGERS:
+            raise ConfigError("logger.names", name, f"allowed: {', '.join(LOGGERS)}")
+        if name == "tensorboard" and not (_importable("tensorboard") or _importable("tensorboardX")):
+            raise ConfigError("logger.names", name,
+                              "the tensorboard package is not installed: pip install 'diffusion-rl[tensorboard]'")
+        if name == "wandb" and not _importable("wandb"):
+            raise ConfigError("logger.names", name,
+                              "the wandb package is not installed: pip install 'diffusion-rl[wandb]'")
+    return lcfg
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def make_loggers(cfg: DictConfig, run_dir: Path, resume: ResumePoint | None = None) -> list:
+    lcfg = check_loggers(cfg)
     loggers: list[Any] = []
     for name in lcfg.names:
         if name == "csv":
             loggers.append(L.pytorch.loggers.CSVLogger(run_dir, name="", version=""))
         elif name == "tensorboard":
-            loggers.append(L.pytorch.loggers.TensorBoardLogger(run_dir, name="tb", version=""))
-        elif name == "wandb":
-            loggers.append(make_wandb_logger(lcfg.wandb, run_dir, OmegaConf.to_container(cfg, resolve=True)))
+            # purge_step hides the events a killed run wrote after its checkpoint (TensorBoard's restart rule)
+            purge: dict[str, Any] = {"purge_step": resume.step + 1} if resume is not None else {}
+            loggers.append(L.pytorch.loggers.TensorBoardLogger(run_dir, name="tb", version="", **purge))
         else:
-            raise ConfigError("logger.names", name, f"allowed: {', '.join(LOGGERS)}")
+            loggers.append(make_wandb_logger(lcfg.wandb, run_dir, OmegaConf.to_container(cfg, resolve=True), resume))
     return loggers
 
 
-def make_wandb_logger(wcfg: WandbConfig, run_dir: Path, config: Any = None):
+def _wandb_logger_class():
+    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    class StepWandbLogger(WandbLogger):
+        """Lightning's W&B logger with W&B's step = the optimizer step, so that a rewind to a
+        checkpoint's step cuts the history exactly there."""
+
+        @rank_zero_only
+        def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+            if step is None:
+                return super().log_metrics(metrics, step)
+            self.experiment.log({**metrics, "trainer/global_step": step}, step=step)
+
+    return StepWandbLogger
+
+
+def make_wandb_logger(wcfg: WandbConfig, run_dir: Path, config: Any = None, resume: ResumePoint | None = None):
     try:
         import wandb
     except ImportError:
@@ -81,10 +143,35 @@ def make_wandb_logger(wcfg: WandbConfig, run_dir: Path, config: Any = None):
     # mode= goes to wandb.init for this run only; Lightning's offline=True would set WANDB_MODE for the
     # whole process (every later job of a multirun).
     kwargs: dict[str, Any] = {"mode": "offline"} if offline else {}
-    return L.pytorch.loggers.WandbLogger(
-        name=wcfg.name or Path(run_dir).name, save_dir=str(run_dir), project=wcfg.project, entity=wcfg.entity,
-        group=wcfg.group, tags=list(wcfg.tags) or None, config=config, **kwargs,
-    )
+    if offline and "x_transaction_log_flush_interval" in getattr(wandb.Settings, "model_fields", {}):
+        # an offline run's file is written every 15 s by default: a SIGKILL loses what was not, and a
+        # resume then rewinds to a step the file never got (a gap, not a duplicate); 2 s narrows that
+        kwargs["settings"] = {"x_transaction_log_flush_interval": OFFLINE_FLUSH_S}
+    name = wcfg.name or Path(run_dir).name
+    common = dict(save_dir=str(run_dir), project=wcfg.project, entity=wcfg.entity, group=wcfg.group,
+                  tags=list(wcfg.tags) or None, **kwargs)
+    cls = _wandb_logger_class()
+    if resume is None or resume.wandb_id is None:
+        return cls(name=name, config=config, **common)
+    if "resume_from" in inspect.signature(wandb.init).parameters:
+        # resume=None: Lightning's default "allow" and resume_from exclude each other
+        logger = cls(name=name, config=config, resume=None, resume_from=f"{resume.wandb_id}?_step={resume.step}", **common)
+        try:
+            logger.experiment  # noqa: B018 - start the run now, so that a refused rewind falls back here
+            return logger
+        except Exception as err:  # noqa: BLE001 - rewind is a preview feature a server may refuse
+            log.warning("W&B refused to rewind run %s to step %d (%s); logging to a continuation run instead",
+                        resume.wandb_id, resume.step, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
+    continuation = {**(config or {}), "resumed_from": {"run_id": resume.wandb_id, "step": resume.step}}
+    return cls(name=f"{name}-resumed-step{resume.step}", config=continuation, **common)
+
+
+def wandb_run_id(loggers: list) -> str | None:
+    """The id of the W&B run these loggers write to, if any (it rides in checkpoints)."""
+    for logger in loggers:
+        if type(logger).__name__.endswith("WandbLogger") and getattr(logger, "_experiment", None) is not None:
+            return str(logger.experiment.id)
+    return None
 
 
 def has_wandb_credentials() -> bool:
@@ -102,7 +189,7 @@ def has_wandb_credentials() -> bool:
 def finish_loggers(loggers: list, summary: dict[str, Any] | None = None, failed: bool = False) -> None:
     """Close W&B runs (the next job of a multirun must not reuse them), with the held-out results."""
     for logger in loggers:
-        if type(logger).__name__ != "WandbLogger" or getattr(logger, "_experiment", None) is None:
+        if not type(logger).__name__.endswith("WandbLogger") or getattr(logger, "_experiment", None) is None:
             continue
         run = logger.experiment
         if summary:

@@ -46,7 +46,8 @@ from diffusion_rl.objectives.base import Objective, Rollout, StepContext
 from diffusion_rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
-from diffusion_rl.training.checkpoint import rng_state, set_rng_state
+from diffusion_rl.training.checkpoint import RUN_KEY, rng_state, set_rng_state
+from diffusion_rl.training.loggers import wandb_run_id
 from diffusion_rl.training.strategy import clip_grad_norm
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class DiffusionRLModule(L.LightningModule):
         self.last_rollout: Rollout | None = None  # for the callback's table of sample completions
         self.pending_rows: list[tuple[int, dict[str, float]]] = []  # (step, row), flushed by the callback
         self.warm_start: dict[str, Any] | None = None  # provenance, set by train(); rides in checkpoints
+        self.run_config: dict[str, Any] | None = None  # the resolved run config, set by train(); rides in checkpoints
         self.fault: Any = None  # a training.faults.FaultInjector in fault-injection runs (conf/fault)
         self._rng_to_restore: dict[str, Any] | None = None
 
@@ -119,6 +121,8 @@ class DiffusionRLModule(L.LightningModule):
                                   "consecutive_skips": self._consecutive_skips,
                                   "reward_failures": getattr(self.task, "reward_failures", 0),
                                   "warm_start": self.warm_start, "rng": rng_state()}
+        # what src/eval.py rebuilds (model, tokenizer, task, sampler) and the W&B run a resume continues
+        checkpoint[RUN_KEY] = {"config": self.run_config, "wandb_id": wandb_run_id(self.loggers)}
         for logger in self.loggers:  # the metrics on disk reach as far as the checkpoint
             logger.save()
 
