@@ -117,6 +117,30 @@ def test_entry_point_prints_the_table(multirun, tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == f"report error: folder='{tmp_path / 'nothing'}' is invalid: holds no run folder (a folder with .hydra/)"
 
 
+def test_cost_plots_and_table_when_runs_log_the_rollouts_cost(tmp_path):
+    root = tmp_path / "multirun"
+    for i, (decode, forwards) in enumerate((("fixed", 128.0), ("threshold", 30.0))):
+        run = root / f"{i}_sampler.decode={decode}"
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(f"- sampler.decode={decode}\n")
+        with open(run / "metrics.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, ["step", "grad/norm", "time/rollout_s", "time/update_s", "rollout/forwards_per_sample",
+                                   "rollout/tokens_per_forward", "rollout/mismatch_log_ratio"])
+            w.writeheader()
+            for step in range(1, 4):
+                w.writerow({"step": step, "grad/norm": 1.0, "time/rollout_s": 4.0 / (i + 1) + step, "time/update_s": 1.0,
+                            "rollout/forwards_per_sample": forwards, "rollout/tokens_per_forward": 256 / forwards,
+                            "rollout/mismatch_log_ratio": 0.01 * i * step})
+        (run / "summary.json").write_text(json.dumps({"optimizer_steps": 3, "fit_s": 30.0 / (i + 1)}))
+    report, _ = build_report(root)
+    text = report.read_text()
+    for name in ("mismatch.png", "forwards.png", "rollout_time.png", "update_time.png"):
+        assert (root / "report" / name).read_bytes()[:4] == b"\x89PNG" and f"]({name})" in text
+    assert "| decode=fixed | 6.000 | 1.000 | 128.000 | 2.000 | 0.000 | 30.000 |" in text
+    assert "| decode=threshold | 4.000 | 1.000 | 30.000 | 8.533 | 0.020 | 15.000 |" in text
+
+
+
 def test_single_run_panels_heldout_kl_entropy_smoothed_reward_and_no_constant_panel(tiny_run, tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
@@ -128,7 +152,8 @@ def test_single_run_panels_heldout_kl_entropy_smoothed_reward_and_no_constant_pa
     run, summary = tiny_run  # GRPO, mu=1: the log-ratio spread is 0 at every step
     report, runs = build_report(run, tmp_path / "rep")
     files = sorted(p.name for p in (tmp_path / "rep").glob("*.png"))
-    assert files == ["entropy.png", "grad_norm.png", "heldout.png", "kl.png", "reward.png"]  # GRPO: beta=0.04
+    assert files == ["entropy.png", "grad_norm.png", "heldout.png", "kl.png", "mismatch.png", "reward.png",
+                     "rollout_time.png", "update_time.png"]  # GRPO: beta=0.04; forwards constant (exact sampler)
     text = report.read_text()
     assert "Not plotted, constant in every run: `ratio/log_std` (0 at every step)" in text
     held = figures["held-out metrics: validation split during RL (lines), test split before / after (diamonds)"].axes[0]

@@ -1,18 +1,30 @@
-"""The rollout engine: one scoring pass, the reward's loss mask, and dynamic sampling (DAPO)."""
+"""The rollout engine (rollout.py): one scoring pass, the reward's loss mask and dynamic sampling (DAPO);
+under every sampler option EGSPO's replay at theta = theta_old gives a step ratio of exactly 1, the
+sampler's log-probs ride on the rollout and its cost is logged."""
+
+import itertools
+from dataclasses import replace
 
 import pytest
 import torch
 
 from diffusion_rl.advantages import ADVANTAGES
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.models.policy import encode_prompts, logits_fn
+from diffusion_rl.likelihood.base import LikelihoodConfig
+from diffusion_rl.likelihood.one_step import OneStepEstimator
+from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
+from diffusion_rl.models.tiny import TinyDiffusionLM
 from diffusion_rl.objectives.base import StepContext
+from diffusion_rl.objectives.egspo import EGSPO, EGSPOConfig
+from diffusion_rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
 from diffusion_rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from diffusion_rl.train import build
 
 from .helpers import compose_cfg
+from .test_egspo import TextTask  # a reward that depends on the text
 
 
 def engine_of(c, oversample=1, advantage=None):
@@ -31,6 +43,8 @@ def test_loss_mask_gives_given_cells_no_gradient(tmp_path):
         pieces = c.bundle.tokenizer.batch_decode([[t] for t in ro.completion_ids[b].tolist()])
         assert ro.loss_mask[b].tolist() == [float(k) for k in c.task.reward_token_mask(ro.items[b], pieces)]
     assert 0 < ro.loss_mask.mean() < 1
+    # nonzero advantages whatever the untrained model earned: the mask alone must zero the gradient
+    ro = replace(ro, advantages=torch.linspace(-1.0, 1.0, ro.advantages.shape[0]))
     # d loss / d logits is exactly zero at the completion tokens the reward ignores
     net, P = c.bundle.net, ro.prompt_ids.shape[1]
     seen = []
@@ -76,3 +90,104 @@ def test_trajectory_select_keeps_each_samples_record(tiny_bundle):
     for s in range(rec.num_steps):
         assert torch.equal(sub.state_before(s), rec.state_before(s)[rows])
         assert torch.equal(sub.greedy_completion(s), rec.greedy_completion(s)[rows])
+
+
+ITEMS = [{"prompt": "1203="}, {"prompt": "0000000="}, {"prompt": "12"}]  # left padding is exercised
+EOS_FROM = 8  # position id from which EndsEarly prefers EOS: by completion token 6 of every row (block 1)
+
+
+class EndsEarly(TinyDiffusionLM):
+    """The embedded model, biased towards EOS from a completion position on (so every row ends)."""
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
+        out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        if position_ids is None:
+            past = 0 if past_key_values is None else past_key_values[0][0].shape[-2]
+            if attention_mask is not None and attention_mask.dim() == 2:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+            else:
+                position_ids = torch.arange(past, past + input_ids.shape[1]).expand_as(input_ids)
+        late = (position_ids >= EOS_FROM)[..., None]  # (B, L, 1) positions count from the first real token
+        out.logits = out.logits + 30.0 * late * torch.nn.functional.one_hot(torch.tensor(self.eos), out.logits.shape[-1])
+        return out
+
+
+def _bundle(ends_early: bool):
+    torch.manual_seed(0)
+    b = build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
+    if ends_early:
+        net = EndsEarly(b.net.config)
+        net.load_state_dict(b.net.state_dict())
+        net.eos = b.eos_token_id
+        b.net = net
+    with torch.no_grad():
+        for p in b.net.parameters():
+            p.mul_(4.0)  # confident predictions: threshold decoding commits several tokens per step
+    return b
+
+
+def _rollout(bundle, objective, advantage="group", **sampler_kw):
+    cls = ADVANTAGES.get(advantage)
+    sampler = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.9, **sampler_kw)
+    return RolloutEngine(bundle, TextTask(), objective, cls(cls.config_class()), sampler, seed=1)(ITEMS, bundle.net, 0)
+
+
+OPTIONS = [dict(decode=d, cache=c, stop_after_eos=s, threshold=0.3)
+           for d, c, s in itertools.product(("fixed", "threshold", "factor"), ("none", "prefix", "dual"), (False, True))]
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: f"{o['decode']}-{o['cache']}-{'stop' if o['stop_after_eos'] else 'full'}")
+def test_egspo_step_ratio_is_exactly_one_under_every_sampler_option(opts):
+    bundle = _bundle(ends_early=opts["stop_after_eos"])
+    lik = OneStepEstimator(LikelihoodConfig(), bundle.mask_token_id)
+    obj = EGSPOSA(EGSPOSAConfig(K=4, mu=1), lik) if opts["cache"] == "prefix" else EGSPO(EGSPOConfig(K=4, mu=1), lik)
+    ro = _rollout(bundle, obj, "stepwise" if opts["cache"] == "prefix" else "group", **opts)
+    traj, steps = ro.trajectory, ro.selected_steps
+    assert torch.equal(traj.final[:, -12:], ro.completion_ids)
+    valid = steps >= 0
+    assert bool(valid.any())
+    assert bool((traj.counts.gather(1, steps.clamp_min(0)) > 0)[valid].all())  # every selected step committed a token
+    if opts["stop_after_eos"]:
+        assert ro.metrics["rollout/filled_frac"] == pytest.approx(4 / 12)  # the last block, without a forward
+        if opts["decode"] == "fixed":
+            assert ro.metrics["rollout/forwards_per_sample"] == 4
+    f = logits_fn(bundle.net)
+    loss, m = obj.loss(StepContext(ro, 0, 0, f, f, None))
+    assert m["ratio/log_max"].item() == 0 and m["ratio/log_min"].item() == 0  # exactly 1, not approximately
+    assert torch.isfinite(loss)
+    if opts["cache"] == "none":  # the sampler's own step log-probs are the replay's, up to float batching
+        assert abs(m["rollout/mismatch_log_ratio"].item()) < 1e-4
+    for key in ("rollout/forwards_per_sample", "rollout/forward_tokens_per_sample", "rollout/steps_per_sample",
+                "rollout/tokens_per_forward"):
+        assert ro.metrics[key] > 0
+
+
+def test_a_stale_cache_shows_as_mismatch_and_tis_corrects_it():
+    bundle = _bundle(ends_early=False)
+    lik = OneStepEstimator(LikelihoodConfig(), bundle.mask_token_id)
+    f = logits_fn(bundle.net)
+    out = {}
+    for cache in ("none", "dual"):
+        obj = EGSPO(EGSPOConfig(K=4, mu=1, behaviour_correction="tis"), lik)
+        ro = _rollout(bundle, obj, cache=cache)
+        out[cache] = obj.loss(StepContext(ro, 0, 0, f, f, None))[1]
+    assert abs(out["none"]["rollout/mismatch_log_ratio"].item()) < 1e-4
+    assert out["none"]["tis/weight_mean"].item() == pytest.approx(1.0, abs=1e-4)
+    assert out["dual"]["rollout/mismatch_log_ratio_std"].item() > 1e-3  # stale keys and values: not the policy's
+    assert out["dual"]["tis/weight_mean"].item() != pytest.approx(1.0, abs=1e-4)
+
+
+def test_rollout_carries_the_samplers_log_probs_and_cost():
+    bundle = _bundle(ends_early=False)
+    obj = EGSPO(EGSPOConfig(K=2, mu=1), OneStepEstimator(LikelihoodConfig(), bundle.mask_token_id))
+    exact = _rollout(bundle, obj)
+    fast = _rollout(bundle, obj, decode="threshold", threshold=0.3, cache="dual")
+    for ro in (exact, fast):
+        assert ro.sampler_logp.shape == ro.completion_ids.shape and bool((ro.sampler_logp <= 0).all())
+        # per step, the sampler's token log-probs sum to the trajectory's recorded step log-probs
+        cs = ro.trajectory.commit_step.long()[:, -12:]
+        per_step = torch.stack([(ro.sampler_logp * (cs == s)).sum(-1) for s in range(ro.trajectory.num_steps)], 1)
+        assert torch.allclose(per_step, ro.trajectory.logps, atol=1e-5)
+    assert exact.metrics["rollout/steps_per_sample"] == 6 and exact.metrics["rollout/tokens_per_forward"] == 2
+    assert exact.metrics["rollout/forward_tokens_per_sample"] == 6 * exact.trajectory.final.shape[1]
+    assert fast.metrics["rollout/forward_tokens_per_sample"] < exact.metrics["rollout/forward_tokens_per_sample"]

@@ -101,3 +101,123 @@ def test_sampler_config_errors(kw, key):
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         SamplerConfig(**kw).validate()
+
+
+# ---- the fewer-forward options (SPEC §10) ------------------------------------------------------------
+def _sharp(bundle, scale=8.0):
+    """The tiny model with larger weights: confident, well-separated predictions (no argmax ties)."""
+    import copy
+
+    net = copy.deepcopy(bundle.net).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(scale)
+    return net
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_threshold_one_with_one_token_per_step_is_the_exact_sampler(tiny_bundle, temperature):
+    from dataclasses import replace
+
+    b = tiny_bundle
+    net = _sharp(b)
+    ids, mask = encode_prompts(b.tokenizer, ["1203=", "40", "0000000000=", "12"])
+    exact = SamplerConfig(gen_length=12, block_length=4, steps=12, temperature=temperature)  # 1 token per step
+    fast = replace(exact, decode="threshold", threshold=1.0)
+    runs = [generate(logits_fn(net), ids, mask, c, b.mask_token_id, torch.Generator().manual_seed(5))
+            for c in (exact, fast)]
+    assert torch.equal(runs[0].completion, runs[1].completion)
+    assert torch.equal(runs[0].token_logp, runs[1].token_logp)
+    assert runs[1].steps == runs[1].forwards == 12
+
+
+def test_parallel_counts_hand_computed():
+    from diffusion_rl.sampling.sampler import parallel_count
+
+    conf = torch.tensor([[0.95, 0.5, 0.91, 0.2], [0.3, 0.2, 0.1, 0.05], [0.99, 0.97, 0.6, 0.9]])
+    allowed = torch.tensor([[True, True, True, True], [True, True, True, False], [False, False, False, False]])
+    cfg = SamplerConfig(decode="threshold", threshold=0.9)
+    assert parallel_count(conf, allowed, cfg).tolist() == [2, 1, 0]  # at least one where any is allowed
+    assert parallel_count(conf, allowed, SamplerConfig(decode="threshold", threshold=0.95)).tolist() == [1, 1, 0]  # strictly above
+    # factor f = 1: c_n >= 1 - 1 / (n + 1): 1 - 1/2, 1 - 1/3, 1 - 1/4, 1 - 1/5 = 0.5, 0.667, 0.75, 0.8
+    conf = torch.tensor([[0.95, 0.7, 0.8, 0.1], [0.4, 0.3, 0.2, 0.1], [0.99, 0.98, 0.97, 0.81]])
+    allowed = torch.ones(3, 4, dtype=torch.bool)
+    cfg = SamplerConfig(decode="factor", factor=1.0)
+    assert parallel_count(conf, allowed, cfg).tolist() == [2, 1, 4]  # sorted 0.95, 0.8 (>= 0.667), 0.7 < 0.75
+    # f = 2: thresholds 0, 0.333, 0.5, 0.6; f = 5: the fourth is 1 - 5/5 = 0
+    assert parallel_count(conf, allowed, SamplerConfig(decode="factor", factor=2.0)).tolist() == [3, 1, 4]
+    assert parallel_count(conf[:1], allowed[:1], SamplerConfig(decode="factor", factor=5.0)).tolist() == [4]
+
+
+def test_threshold_decoding_takes_fewer_steps_and_commits_everything(tiny_bundle):
+    b = tiny_bundle
+    net = _sharp(b)
+    ids, mask = encode_prompts(b.tokenizer, ["1203=", "40"])
+    counts = []
+
+    class Rec:
+        def on_step(self, step, x_before, logits, candidates, committed):
+            counts.append((committed & (candidates != b.mask_token_id)).sum(-1).tolist())  # a drawn mask stays
+
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=16, temperature=0.0, decode="threshold", threshold=0.3)
+    out = generate(logits_fn(net), ids, mask, cfg, b.mask_token_id, recorder=Rec())
+    assert not (out.completion == b.mask_token_id).any()  # each block runs until nothing is masked
+    assert out.steps == len(counts) == out.forwards < 16  # the confident model commits several per step
+    assert max(map(max, counts)) > 1 and sum(map(sum, counts)) == 2 * 16
+
+
+def _eos_forward(V, eos, mask_id, after):
+    """A deterministic model: EOS is the best token from completion position ``after`` on, else a digit."""
+    def fwd(ids, attn):
+        logits = torch.zeros(ids.shape[0], ids.shape[1], V)
+        pos = torch.arange(ids.shape[1])
+        logits[:, :, 7] = 5.0 + 0.01 * pos  # confidences differ by position: no ties
+        if after is not None:
+            logits[:, after:, eos] = 9.0
+        logits[..., mask_id] = -1e9
+        return logits
+    return fwd
+
+
+def test_stop_after_eos_changes_nothing_when_no_row_ends(tiny_bundle):
+    from dataclasses import replace
+
+    b = tiny_bundle
+    V = len(b.tokenizer)
+    ids = torch.tensor([[10, 11], [12, 13]])
+    fwd = _eos_forward(V, b.eos_token_id, b.mask_token_id, None)
+    cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.7)
+    runs = [generate(fwd, ids, None, c, b.mask_token_id, torch.Generator().manual_seed(1), eos_id=b.eos_token_id)
+            for c in (cfg, replace(cfg, stop_after_eos=True))]
+    assert torch.equal(runs[0].completion, runs[1].completion) and runs[1].filled == 0
+    assert runs[0].forwards == runs[1].forwards == 6
+
+
+def test_stop_after_eos_fills_the_remaining_blocks_without_forwards(tiny_bundle):
+    from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+
+    b = tiny_bundle
+    V, eos, m = len(b.tokenizer), b.eos_token_id, b.mask_token_id
+    ids = torch.tensor([[10, 11], [12, 13]])
+    fwd = _eos_forward(V, eos, m, after=2 + 3)  # EOS from the 4th completion token on: ends in block 0
+    cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.0, stop_after_eos=True)
+    rec = TrajectoryRecorder(m)
+    out = generate(fwd, ids, None, cfg, m, recorder=rec, eos_id=eos)
+    exact = generate(fwd, ids, None, SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.0), m)
+    assert torch.equal(out.completion, exact.completion)  # this model writes EOS there anyway
+    assert out.forwards == 2 and out.filled == 8 and (out.completion[:, 4:] == eos).all()
+    assert (out.token_logp[:, 4:] == 0).all() and (out.token_logp[:, :4] < 0).all()
+    assert torch.equal(rec.final, out.sequences) and torch.equal(rec.state_before(rec.num_steps), out.sequences)
+    assert (rec.state_before(1)[:, 6:] == m).all()  # the filled tail was masked at every recorded step
+    assert rec.counts.sum().item() == 2 * 4
+
+
+def test_sampler_option_errors():
+    from diffusion_rl.errors import ConfigError
+
+    for kw, key in [({"decode": "greedy"}, "sampler.decode"), ({"cache": "full"}, "sampler.cache"),
+                    ({"decode": "threshold", "remasking": "random"}, "sampler.remasking"),
+                    ({"threshold": 1.5}, "sampler.threshold"), ({"factor": 0.0}, "sampler.factor"),
+                    ({"cache": "dual", "cfg_scale": 1.0}, "sampler.cfg_scale"), ({"cache_refresh": -1}, "sampler.cache_refresh")]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            SamplerConfig(**kw).validate()

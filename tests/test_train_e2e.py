@@ -73,3 +73,30 @@ def test_nonfinite_loss_skips_update_and_keeps_weights(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in after)
     assert module.skipped_updates == 3 * c.objective.cfg.mu
     assert trainer.global_step == 0
+
+
+@pytest.mark.parametrize("objective,options", [
+    ("grpo", ["sampler.decode=threshold", "sampler.threshold=0.5", "sampler.cache=dual", "objective.behaviour_correction=tis"]),
+    ("stabledrl", ["sampler.decode=factor", "sampler.cache=prefix", "objective.behaviour_correction=tis"]),
+    ("egspo", ["sampler.decode=threshold", "sampler.cache=dual", "sampler.stop_after_eos=true"]),
+    ("egspo_sa", ["sampler.cache=dual", "sampler.stop_after_eos=true", "objective.behaviour_correction=tis"]),
+], ids=["grpo-threshold-dual-tis", "stabledrl-factor-prefix-tis", "egspo-threshold-dual-stop", "egspo_sa-dual-stop-tis"])
+def test_tiny_run_with_fast_rollouts(tmp_path, objective, options):
+    """One RL run per sampler option: it trains, logs the sampler's cost and the mismatch every step,
+    and evaluates with the exact sampler (eval.fast_sampler=false)."""
+    two_blocks = ["sampler.gen_length=16", "sampler.block_length=8", "sampler.steps=4", "objective.K=2"]
+    cfg = compose_cfg([f"objective={objective}", *two_blocks[: 4 if objective.startswith("egspo") else 3], *options],
+                      tmp_path)
+    summary = train(cfg, tmp_path / "run")
+    assert summary["optimizer_steps"] == 4 and summary["fit_s"] > 0
+    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv")) if r.get("grad/norm")]
+    assert len(rows) == 4
+    for r in rows:  # the rollout's cost rides with its first update; the mismatch is every update's
+        if float(r["train/inner_iter"]) == 0:
+            assert float(r["rollout/forwards_per_sample"]) > 0 and float(r["rollout/tokens_per_forward"]) > 0
+            assert 0 < float(r["rollout/steps_per_sample"]) <= 16  # at most one step per token
+            assert float(r["time/rollout_s"]) > 0
+        assert float(r["time/update_s"]) > 0 and r["rollout/mismatch_log_ratio"] not in ("", None)
+        if "objective.behaviour_correction=tis" in options:
+            assert 0 < float(r["tis/weight_mean"]) <= 2.0
+    assert (tmp_path / "run" / "eval_generations.jsonl").exists()

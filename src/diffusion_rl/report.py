@@ -12,8 +12,12 @@ names), ``summary.json`` and ``.hydra/overrides.yaml``, and writes into ``<folde
 - ``grad_norm.png``: pre-clip gradient norm over optimizer steps (log scale), spikes marked ``x``;
 - ``ratio_log_std.png``: spread of the log importance ratios; ``ess.png``: effective sample size of
   the self-normalised weights (objectives that have them);
+- the rollout's cost and honesty: ``mismatch.png`` (``rollout/mismatch_log_ratio``, the sampler's
+  log-probability against the objective's estimator at theta_old), ``forwards.png`` (forward passes
+  per sample), ``rollout_time.png`` / ``update_time.png`` (wall time of the rollout and of an update);
 - ``report.md``: the table (spikes, max gradient norm, final reward, held-out accuracy before and
-  after RL, skipped updates) and the plots.
+  after RL, skipped updates), a cost table (mean rollout and update seconds per step, RL wall time,
+  forwards per sample, mean mismatch) when the runs logged them, and the plots.
 
 One line per run, labelled by the overrides that differ between the runs (``eps=5``, ``eps=100``).
 The log-ratio spread and ESS panels are left out, and named in ``report.md``, when their metric has
@@ -24,6 +28,7 @@ is listed as failed (with the error of its ``failed.json``), whatever it logged 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from diffusion_rl.report_groups import (
@@ -45,8 +50,10 @@ from diffusion_rl.report_runs import (  # noqa: F401  (ema, RAW_ALPHA, find_runs
     ema,
     find_runs,
     finish_axes,
+    fmt,
     load_run,
     markdown_table,
+    mean,
     pyplot,
     run_labels,
     run_stats,
@@ -59,11 +66,33 @@ PLOTS = (  # file, metric, title, log scale (heldout.png is drawn by plot_heldou
     ("grad_norm.png", "grad/norm", "pre-clip gradient norm (x = spike; dotted: optim.grad_clip)", True),
     ("ratio_log_std.png", "ratio/log_std", "std of log importance ratios (nats)", False),
     ("ess.png", "weights/ess", "effective sample size of the group weights", False),
+    ("mismatch.png", "rollout/mismatch_log_ratio", "log q_sampler - log pi_old (estimator), mean", False),
+    ("forwards.png", "rollout/forwards_per_sample", "forward passes per sample (rollout)", False),
+    ("rollout_time.png", "time/rollout_s", "rollout wall time per rollout (s)", False),
+    ("update_time.png", "time/update_s", "wall time per optimizer update (s)", False),
+)
+COST = (  # cost table: header, metric (mean over the run's rows)
+    ("rollout s", "time/rollout_s"), ("update s", "time/update_s"), ("forwards / sample", "rollout/forwards_per_sample"),
+    ("tokens / forward", "rollout/tokens_per_forward"), ("mismatch (mean)", "rollout/mismatch_log_ratio"),
 )
 # panels that are flat by construction in some configurations (mu=1: ratio 1, uniform weights):
 # left out when their metric never changes, and named in report.md
-OMIT_IF_CONSTANT = ("ratio/log_std", "weights/ess")
+# (and the exact sampler's fixed number of forwards per sample)
+OMIT_IF_CONSTANT = ("ratio/log_std", "weights/ess", "rollout/forwards_per_sample")
 
+
+
+def cost_table(runs: list[RunData]) -> str | None:
+    """Mean per-row cost metrics and the RL wall time (``fit_s``) of each run; None when no run logged any."""
+    if not any(r.metrics.get(m) for r in runs for _, m in COST):
+        return None
+    head = ["run", *(h for h, _ in COST), "RL wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        means = [mean([v for _, v in r.metrics.get(m, [])]) for _, m in COST]
+        fit = (r.summary or {}).get("fit_s", math.nan)
+        lines.append("| " + " | ".join([r.label, *map(fmt, means), fmt(fit)]) + " |")
+    return "\n".join(lines)
 
 def plot_metric(runs: list[RunData], metric: str, title: str, path: Path, log_y: bool = False) -> bool:
     """One line per run that logged ``metric``; False (no file) when none did."""
@@ -182,9 +211,14 @@ def build_report(root: str | Path, out_dir: str | Path | None = None) -> tuple[P
         lines += [f"{len(groups)} conditions, mean ± sd over their seeds (test split; gain = after - before):", "",
                   grouped_table(groups), "", bootstrap_table(groups), "", "Every run:", ""]
     lines += [markdown_table(runs), ""]
+    cost = cost_table(runs)
+    if cost is not None:
+        lines += ["Rollout cost (means over the logged rows; `RL wall s` is the training loop's, without evaluation):",
+                  "", cost, ""]
     if constant:
-        lines += ["Not plotted, constant in every run: " + ", ".join(constant) + " (with `objective.mu=1` the "
-                  "policy is its own behaviour policy at every update: ratios are 1, weights uniform).", ""]
+        why = (" (with `objective.mu=1` the policy is its own behaviour policy at every update: ratios are 1, "
+               "weights uniform)") if any("ratio/" in c or "weights/" in c for c in constant) else ""
+        lines += ["Not plotted, constant in every run: " + ", ".join(constant) + why + ".", ""]
     lines += [f"![{title}]({f})" for f, title in made]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")

@@ -118,7 +118,7 @@ def run_stats(run: RunData) -> dict[str, Any]:
         "max_grad_norm": max(norms) if norms else math.nan,
         "final_reward": sum(rewards[-FINAL_WINDOW:]) / len(rewards[-FINAL_WINDOW:]) if rewards else math.nan,
         # the share of ratios the objective clipped, over every update: 0 means eps never acted
-        "clip_frac": _mean(v for k in ("ratio/clip_frac_high", "ratio/clip_frac_low") for _, v in m.get(k, [])),
+        "clip_frac": mean(v for k in ("ratio/clip_frac_high", "ratio/clip_frac_low") for _, v in m.get(k, [])),
         "acc_key": acc_key,
         "acc_before": before.get(acc_key, math.nan) if acc_key else math.nan,
         "acc_after": after.get(acc_key, math.nan) if acc_key else math.nan,
@@ -153,7 +153,7 @@ def markdown_table(runs: list[RunData]) -> str:
     return "\n".join(lines)
 
 
-def _mean(values) -> float:
+def mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else math.nan
 

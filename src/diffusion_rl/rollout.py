@@ -4,10 +4,12 @@ One call of :class:`RolloutEngine` does, for a batch of task items:
 
 1. expand each item to ``G`` rows, encode the prompts, keep this process's share of the rows
    (``distributed.py``);
-2. sample completions with the behaviour policy (the sampler of SPEC §2, or the block sampler for a
-   block model), ``sampler.rollout_batch_size`` rows per call, each call's Gumbel noise from a
-   generator keyed by ``(seed, rollout id, first global row)``; the trajectory is recorded when the
-   objective trains on denoising steps;
+2. sample completions with the behaviour policy (the sampler of SPEC §2 with the options of §10, or
+   the block sampler for a block model), ``sampler.rollout_batch_size`` rows per call, each call's
+   Gumbel noise from a generator keyed by ``(seed, rollout id, first global row)``; the trajectory is
+   recorded when the objective trains on denoising steps. The sampler's own log-probability of every
+   committed token rides on the rollout (``Rollout.sampler_logp``: behaviour correction and
+   ``rollout/mismatch_log_ratio``, ``objectives/behaviour.py``);
 3. select the steps the objective trains on (EGSPO) and, when the advantage estimator needs values,
    rebuild the greedy one-step completions at those steps (EGSPO-SA);
 4. decode every completion once and score all of them in **one** pass of the task's reward functions;
@@ -15,7 +17,15 @@ One call of :class:`RolloutEngine` does, for a batch of task items:
    estimator (``advantages.py``), keeping this process's rows.
 
 The rollout's metrics (``train/reward``, ``train/entropy``, ``time/rollout_s``, ... SPEC §6) ride on
-the returned object and are logged with its first inner update.
+the returned object and are logged with its first inner update, with the sampler's cost:
+
+- ``rollout/forwards_per_sample``: model calls each sample went through (classifier-free guidance
+  counts two); ``rollout/steps_per_sample``: denoising steps taken (no longer fixed with
+  ``sampler.decode=threshold|factor``);
+- ``rollout/forward_tokens_per_sample``: query positions each sample sent through the model, the
+  measure of forward FLOPs (a cached step runs a block, not the whole sequence);
+- ``rollout/tokens_per_forward``: completion tokens per forward pass (``gen_length / forwards``);
+- ``rollout/filled_frac``: share of completion tokens set to EOS without a forward (``stop_after_eos``).
 """
 
 from __future__ import annotations
@@ -78,8 +88,10 @@ class RolloutEngine:
         group_items = [it for it in items for _ in range(G)][rows]
         traj = None
         if self.objective.needs_trajectory:
-            traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values)
-        completion, entropy = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj)
+            traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values,
+                                      variable_steps=self.sampler.decode != "fixed")
+        completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj)
+        n_generated = completion.shape[0]  # this process's rows, before dynamic sampling keeps some
         generated = completion.numel() * shard.world_size  # tokens, before dynamic sampling keeps some
         t_score = time.perf_counter()
         texts = decode_completions(tok, completion, eos)
@@ -88,6 +100,7 @@ class RolloutEngine:
         if self.oversample > 1:  # DAPO's dynamic sampling: keep the groups whose rewards differ
             keep, metrics = self._keep_groups(rewards, G, shard)
             ids, mask, completion, rewards = ids[keep], mask[keep], completion[keep], rewards[keep]
+            token_logp = None if token_logp is None else token_logp[keep]
             components = {k: v[keep] for k, v in components.items()}
             idx = keep.tolist()
             texts, group_items = [texts[i] for i in idx], [group_items[i] for i in idx]
@@ -129,15 +142,16 @@ class RolloutEngine:
             "time/rollout_s": t_roll,
             "throughput/tokens_per_s": generated / max(t_roll, 1e-9),
         })
-        if shard.world_size > 1:  # per-process metrics of the selection: mean over equal shares
-            keys = [k for k in metrics if k.startswith("egspo/")]
+        metrics.update(cost_metrics(cost, n_generated, completion.shape[1]))
+        if shard.world_size > 1:  # per-process metrics of the selection and cost: mean over equal shares
+            keys = [k for k in metrics if k.startswith(("egspo/", "rollout/"))]
             vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
             metrics.update(zip(keys, (vals / shard.world_size).tolist()))
         return Rollout(
             rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
             completion_mask=comp_mask, texts=texts, items=group_items, rewards=rewards, all_rewards=all_rewards,
             reward_components=components, advantages=adv[shard.rows(adv.shape[0])], shard=shard,
-            trajectory=traj, selected_steps=steps, metrics=metrics,
+            trajectory=traj, selected_steps=steps, metrics=metrics, sampler_logp=token_logp,
             loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
                        if self.task.cfg.loss_mask == "reward" else None),
         )
@@ -168,25 +182,34 @@ class RolloutEngine:
         return out
 
     def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
-                  recorder: TrajectoryRecorder | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Completions (n, L) and ``[entropy sum, committed tokens]`` (2,) float64 of this process's rows."""
+                  recorder: TrajectoryRecorder | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Completions (n, L), the sampler's log-prob of each of their tokens (n, L), ``[entropy sum,
+        committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled
+        tokens]`` (4,) float64 summed over this process's rows."""
         was_training = net.training
         net.eval()
         n = ids.shape[0]
         size = self.sampler.rollout_batch_size or n
-        parts, ent = [], torch.zeros(2, dtype=torch.float64, device=ids.device)
+        parts, logps = [], []
+        ent = torch.zeros(2, dtype=torch.float64, device=ids.device)
+        cost = torch.zeros(4, dtype=torch.float64, device=ids.device)
         for s in range(0, n, size):
             first = offset + s  # global row: the same rows draw the same noise on any number of processes
             key = (mix_seed(self.seed, rollout_id, _GUMBEL_SALT) if first == 0
                    else mix_seed(self.seed, rollout_id, _GUMBEL_SALT, first))
             gen = torch.Generator(device=ids.device).manual_seed(key)
             out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler,
-                                  self.bundle.mask_token_id, gen, recorder)
+                                  self.bundle.mask_token_id, gen, recorder, eos_id=self.bundle.eos_token_id)
             parts.append(out.completion)
-            assert out.entropy_sum is not None and out.num_committed is not None
+            assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
+            logps.append(out.token_logp)
             ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
+            rows = out.completion.shape[0]
+            cost += rows * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled],
+                                        dtype=torch.float64, device=ids.device)
         net.train(was_training)
-        return torch.cat(parts), ent
+        return torch.cat(parts), torch.cat(logps), ent, cost
+
 
     def _greedy_completions(self, traj: TrajectoryRecorder | None, steps: torch.Tensor | None,
                             completion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,3 +225,16 @@ class RolloutEngine:
             hit = sel == s
             comps[hit] = traj.greedy_completion(s)[bi[hit], -L:].to(comps.dtype)
         return comps, bi
+
+
+def cost_metrics(cost: torch.Tensor, rows: int, gen_length: int) -> dict[str, float]:
+    """Per-sample sampler cost from ``[forwards, forward tokens, steps, filled tokens]`` summed over
+    ``rows`` samples (see the module docstring)."""
+    forwards, tokens, steps, filled = (v / max(rows, 1) for v in cost.tolist())
+    return {
+        "rollout/forwards_per_sample": forwards,
+        "rollout/forward_tokens_per_sample": tokens,
+        "rollout/steps_per_sample": steps,
+        "rollout/tokens_per_forward": gen_length / max(forwards, 1e-9),
+        "rollout/filled_frac": filled / gen_length,
+    }

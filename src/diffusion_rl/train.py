@@ -25,7 +25,7 @@ from diffusion_rl.config import from_dict
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.models.build import build_policy
-from diffusion_rl.models.policy import ModelConfig, PolicyBundle
+from diffusion_rl.models.policy import ModelConfig, PolicyBundle, check_cache_support
 from diffusion_rl.objectives import OBJECTIVES, Objective
 from diffusion_rl.rollout import RolloutConfig
 from diffusion_rl.sampling import SamplerConfig
@@ -76,6 +76,9 @@ class EvalConfig:
     # and every n optimizer steps during RL, on the validation split (val/* in metrics.csv); 0 = never
     every_n_steps: int = 50
     batch_size: int = 256
+    # evaluate with the rollout sampler's fewer-forward options (sampler.decode, cache, stop_after_eos);
+    # false: the exact sampler of SPEC §2, so runs with different rollout samplers share one protocol
+    fast_sampler: bool = False
 
     def validate(self) -> None:
         if self.every_n_steps < 0:
@@ -163,6 +166,8 @@ def build(cfg: DictConfig) -> Components:
     likelihood.bind(bundle)  # an estimator that depends on the model checks it here (staircase: a block model)
     if bundle.block_size > 0:
         check_block_sampler(sampler, bundle.block_size)
+    else:
+        check_cache_support(bundle.net, sampler.cache)
     objective = obj_cls(obj_cfg, likelihood)
     objective.check_advantage(advantage.cfg.name)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
@@ -183,7 +188,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
     progress = c.trainer.enable_progress_bar
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
-    periodic = PeriodicEval(c.task, test_items, c.sampler, c.run.eval.batch_size, c.run.eval.every_n_steps,
+    eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
+    periodic = PeriodicEval(c.task, test_items, eval_sampler, c.run.eval.batch_size, c.run.eval.every_n_steps,
                             periodic_items=datamodule.validation_items())
     ckpt_cb = RunCheckpoint(
         dirpath=run_dir / "checkpoints", save_last=True, save_top_k=-1 if c.trainer.checkpoint_every_n_steps else 0,
@@ -204,21 +210,23 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         config = OmegaConf.to_container(cfg, resolve=True)
         summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance, "config": config}
         if c.run.eval.before:
-            summary["before"], _ = evaluate(c.bundle, c.task, test_items, c.sampler, c.run.eval.batch_size,
+            summary["before"], _ = evaluate(c.bundle, c.task, test_items, eval_sampler, c.run.eval.batch_size,
                                             "evaluating before RL" if progress else None)
             periodic.before = summary["before"] if ckpt is None else None  # a resumed run logged it already
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
                                    old_policy=c.run.old_policy, oversample=c.run.rollout.oversample)
         module.warm_start = provenance
         module.run_config = config  # type: ignore[assignment]
+        t_fit = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
+        fit_s = time.perf_counter() - t_fit
     if not trainer.is_global_zero:  # data parallel: the first process evaluates and writes the summary
         return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step)}
     sharded = "FSDP" in type(trainer.strategy).__name__  # the policy's weights are sharded over processes
     if sharded and c.run.eval.after:
         log.warning("eval.after is skipped under FSDP: evaluate the saved checkpoint with src/eval.py")
     if c.run.eval.after and not sharded:
-        summary["after"], records = evaluate(c.bundle, c.task, test_items, c.sampler, c.run.eval.batch_size,
+        summary["after"], records = evaluate(c.bundle, c.task, test_items, eval_sampler, c.run.eval.batch_size,
                                              "evaluating after RL" if progress else None)
         periodic.record(trainer, summary["after"])
         with open(run_dir / "eval_generations.jsonl", "w") as f:
@@ -228,7 +236,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                     "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
                     "num_test_items": len(test_items), "metric_definitions": c.task.metric_definitions(),
                     "validation": periodic.history,
-                    "wall_s": time.perf_counter() - t_start})
+                    "fit_s": fit_s, "wall_s": time.perf_counter() - t_start})
     with open(run_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2, default=str)
     finish_loggers(loggers, summary)

@@ -70,6 +70,14 @@ class LikelihoodEstimator(ABC):
         Called once at build time, before any work; estimators that work with any model keep this no-op.
         """
 
+    def sampler_units(self, token_logp: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """A sampler's per-token log-probabilities of a completion (B, L) in this estimator's units:
+        per token (B, L) here; sequence-level estimators reduce them as they reduce their own
+        (``objectives/behaviour.py`` says what is comparable)."""
+        if not self.per_token:
+            raise NotImplementedError(f"{type(self).__name__} must say how a sampler's log-probs reduce to its units")
+        return token_logp
+
     @abstractmethod
     def __call__(
         self,

@@ -217,5 +217,10 @@ class ELBOEstimator(LikelihoodEstimator):
         """The ELBO of each row from a :meth:`sample`. -> (B,)"""
         return elbo_from_logps(s.token_logps, s.masked, s.t, self.cfg.weighting)
 
+    def sampler_units(self, token_logp: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """The ELBO's reduction of per-token log-probs (B, L) with every scored token masked, t = 1. -> (B,)"""
+        scored = torch.ones_like(completion_mask, dtype=torch.bool) if self.cfg.score_after_eos else completion_mask.bool()
+        return elbo_from_logps(token_logp[None], scored[None], torch.ones_like(token_logp[None, :, 0]), self.cfg.weighting)
+
     def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
         return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds))

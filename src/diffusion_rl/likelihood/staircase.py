@@ -195,5 +195,12 @@ class StaircaseEstimator(LikelihoodEstimator):
         """The block-summed ELBO of each row from a :meth:`sample`. -> (B,)"""
         return block_elbo_from_logps(s.token_logps, s.masked, s.t, self.block_size, self.cfg.weighting)
 
+    def sampler_units(self, token_logp: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """The staircase's reduction of per-token log-probs (B, L), every scored token masked, t = 1. -> (B,)"""
+        scored = torch.ones_like(completion_mask, dtype=torch.bool) if self.cfg.score_after_eos else completion_mask.bool()
+        B, L = token_logp.shape
+        t = token_logp.new_ones(1, B, L // self.block_size)
+        return block_elbo_from_logps(token_logp[None], scored[None], t, self.block_size, self.cfg.weighting)
+
     def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
         return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds))

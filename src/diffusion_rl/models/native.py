@@ -90,6 +90,11 @@ class NativeLM(PreTrainedModel):
         return 0
 
     @property
+    def kv_cache_any_order(self) -> bool:
+        """``sampler.cache=dual`` (KVCacheLM): full attention, explicit positions, no key-order mask."""
+        return self.block_size == 0
+
+    @property
     def mask_padding(self) -> bool:
         """Whether a (B, L) padding mask is applied (LLaDA as released: no, it attends over padding)."""
         return True
@@ -186,6 +191,23 @@ class NativeDiffusionLM(nn.Module):
     @property
     def config(self):
         return self.model.config
+
+    # the KVCacheLM facts of the wrapped model (sampling/cache.py reads them)
+    @property
+    def logits_shift(self) -> int:
+        return self.shift
+
+    @property
+    def kv_cache_any_order(self) -> bool:
+        return self.model.kv_cache_any_order
+
+    @property
+    def mask_padding(self) -> bool:
+        return self.model.mask_padding
+
+    @property
+    def block_size(self) -> int:
+        return self.model.block_size
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: list[KV] | None = None,

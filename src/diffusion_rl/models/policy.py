@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -115,6 +115,59 @@ class PolicyBundle:
     pad_token_id: int
     block_size: int = 0
     custom_attention_mask: bool = True  # see ModelConfig.custom_attention_mask
+
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each (B, H, S, Dh), rotary applied
+
+
+class KVCacheLM(Protocol):
+    """The key/value cache convention the samplers rely on (the embedded model follows it; the native
+    LLaDA / Dream / SDAR classes are meant to).
+
+    ``net(input_ids=, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False)``
+    returns ``.logits`` and, with ``use_cache=True``, ``.past_key_values``: a :data:`KVCache` over the
+    cached and the new tokens, positions already applied. Passing a cache back makes the new tokens
+    attend to the cached keys and to themselves; a 2D ``attention_mask`` then covers the cached keys
+    followed by the new tokens, ``(B, S + L)``. The cache is never modified in place.
+
+    - ``supports_kv_cache``: the convention holds for a contiguous prefix of the sequence (the block
+      sampler's finished blocks; ``sampler.cache=prefix``).
+    - ``kv_cache_any_order`` (the one extension ``sampler.cache=dual`` needs): the cached keys may be
+      any concatenation, along the sequence axis, of slices of caches the model returned (the prefix
+      and the suffix around the block being decoded); the model takes explicit ``position_ids`` for
+      the new tokens and applies no mask of its own that depends on the index order of keys (a
+      full-attention model: attention is invariant to the order of its keys). Nothing is replaced in
+      place: the block's own keys are recomputed from its current tokens at every step.
+
+    A model with shifted logits (Dream: position ``i - 1`` predicts token ``i``) must also return the
+    logits of the new tokens in that sense and set ``logits_shift = 1``; its cache carries
+    ``next_logits``, the prediction for the first new token. The cached samplers then also run the
+    token before the block, so the block's first logits are computed. Positions of the new tokens
+    are ``cumsum(attention_mask) - 1`` unless the model sets ``mask_padding = False`` (LLaDA as
+    released: padding is attended and counted).
+    """
+
+    supports_kv_cache: bool
+    kv_cache_any_order: bool
+
+    def __call__(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None, past_key_values: KVCache | None = None,
+                 use_cache: bool = False) -> Any: ...
+
+
+def check_cache_support(net: nn.Module, cache: str) -> None:
+    """Fail in one line when ``sampler.cache=prefix|dual`` asks more of ``net`` than it offers."""
+    if cache == "none":
+        return
+    if not getattr(net, "supports_kv_cache", False):
+        raise ConfigError("sampler.cache", cache, f"{type(net).__name__} has no key/value cache: use sampler.cache=none")
+    if cache == "dual" and not getattr(net, "kv_cache_any_order", False):
+        raise ConfigError("sampler.cache", cache,
+                          f"{type(net).__name__} cannot take a prefix + suffix cache (KVCacheLM.kv_cache_any_order): "
+                          "use sampler.cache=prefix or none")
+    if getattr(net, "block_size", 0) or getattr(getattr(net, "config", None), "block_size", 0):
+        raise ConfigError("sampler.cache", cache,
+                          "a block model's sampler already caches finished blocks exactly: use sampler.cache=none")
 
 
 def logits_fn(net: nn.Module) -> Callable[..., torch.Tensor]:

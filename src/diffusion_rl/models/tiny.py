@@ -14,7 +14,10 @@ back as ``past_key_values`` makes the new ``input_ids`` (B, L) attend to the cac
 themselves, as if the whole ``S + L`` sequence had been fed (exact where the cached tokens never
 attend to the new ones, i.e. for finished blocks of a block-causal model). With a cache, a 2D
 ``attention_mask`` covers the cached and the new tokens, ``(B, S + L)``, and a 4D one is
-``(B|1, 1, L, S + L)``, as in Hugging Face models. The cache is never modified in place.
+``(B|1, 1, L, S + L)``, as in Hugging Face models. The cache is never modified in place. Without
+``block_size`` the cached keys may come in any order (a prefix and a suffix around the new tokens:
+``sampler.cache=dual``) when ``position_ids`` of the new tokens are passed (``KVCacheLM`` in
+``policy.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffusion_rl.models.policy import MODELS, ModelConfig, PolicyBundle
+from diffusion_rl.models.policy import MODELS, KVCache, ModelConfig, PolicyBundle
 from diffusion_rl.models.tokenizer import CharTokenizer
 
 
@@ -41,9 +44,6 @@ class TinyConfig:
     rope_base: float = 10000.0
     init_std: float = 0.02  # small embeddings: at unit scale the model sits at chance (SPEC §8)
     learned_positions: bool = False  # add learned absolute position embeddings to rotary ones
-
-
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each (B, H, S, Dh)
 
 
 @dataclass
@@ -110,6 +110,7 @@ class TinyDiffusionLM(nn.Module):
     """Bidirectional (or block-causal) transformer mapping ids (B, L) to logits (B, L, V)."""
 
     supports_kv_cache = True  # the block sampler may cache finished blocks (see the module docstring)
+    kv_cache_any_order = True  # sampler.cache=dual: cached keys in any order, explicit positions (KVCacheLM)
 
     def __init__(self, cfg: TinyConfig):
         super().__init__()

@@ -15,7 +15,11 @@ An objective turns one rollout batch into a scalar loss for one inner update, in
    share a prompt), ``surrogate`` (B, U) a term that carries the gradient in place of ``logp`` (only
    StableDRL's ``spg_mix`` passes one; the others ignore it);
 3. the shared KL penalty ``beta * agg_loss(kl_penalty(logp_units, ref_units), mask, kl_agg)`` to the
-   reference policy (the warm start), on the units :meth:`score` gives for it.
+   reference policy (the warm start), on the units :meth:`score` gives for it;
+4. the sampler's own log-probability of the rollout in the same units (:meth:`Objective.sampler_units`):
+   ``rollout/mismatch_log_ratio`` against the behaviour values, and, with
+   ``objective.behaviour_correction=tis``, truncated importance weights on the advantages
+   (``objectives/behaviour.py``), so every objective gets the correction through this template.
 
 Every tensor the loss sees is gathered from all processes (``rollout.shard.gather``), so the loss is
 the global batch's on every process (``diffusion_rl/distributed.py``). Objectives know nothing of
@@ -37,6 +41,7 @@ import torch
 from diffusion_rl.distributed import Shard
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import mask_seeds
+from diffusion_rl.objectives.behaviour import BEHAVIOUR_CORRECTIONS, mismatch_metrics, tis_weights
 from diffusion_rl.registry import Registry
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
@@ -61,12 +66,21 @@ class ObjectiveConfig:
     # theta = theta_old; false draws fresh masks for the new policy, the StableDRL code's regime of
     # largest ratio noise (SPEC §3)
     share_masks_with_old: bool = True
+    # rollouts from an approximate sampler (sampler.cache, ...): none | tis (truncated importance
+    # weights min(pi_old / q_sampler, tis_cap) per unit of the ratio; objectives/behaviour.py)
+    behaviour_correction: str = "none"
+    tis_cap: float = 2.0  # the cap of autoregressive RL's TIS (Yao et al. 2025)
 
     def validate(self) -> None:
         if self.mu < 1:
             raise ConfigError("objective.mu", self.mu, "must be >= 1")
         if self.beta < 0:
             raise ConfigError("objective.beta", self.beta, "must be >= 0")
+        if self.behaviour_correction not in BEHAVIOUR_CORRECTIONS:
+            raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
+                              f"allowed: {', '.join(BEHAVIOUR_CORRECTIONS)}")
+        if not self.tis_cap >= 1:
+            raise ConfigError("objective.tis_cap", self.tis_cap, "must be >= 1")
 
 
 @dataclass
@@ -94,6 +108,9 @@ class Rollout:
     selected_steps: torch.Tensor | None = None  # (n, K) steps an objective trains on, -1 = unused slot
     metrics: dict[str, float] = field(default_factory=dict)  # logged with the first inner update
     loss_mask: torch.Tensor | None = None  # (n, L) 1 = a token the reward reads (task.loss_mask=reward)
+    # (n, L) the sampler's temperature-1 log-prob of each completion token, from the logits it was
+    # committed with (0 where filled without a forward); None: not recorded (no mismatch, no TIS)
+    sampler_logp: torch.Tensor | None = None
 
     @property
     def scored_mask(self) -> torch.Tensor:
@@ -259,6 +276,17 @@ class Objective(ABC):
         """The rollout's advantages as (n, 1) or per unit (n, U)."""
         return as_units(ctx.rollout.advantages)
 
+    def sampler_units(self, ctx: StepContext) -> torch.Tensor | None:
+        """The sampler's own log-probability of the rollout in the units of :meth:`score`, (n, U), or
+        None when the rollout carries none. Default: the likelihood estimator's reduction of
+        ``Rollout.sampler_logp`` (``LikelihoodEstimator.sampler_units``; what is comparable per
+        estimator: ``objectives/behaviour.py``)."""
+        ro = ctx.rollout
+        if ro.sampler_logp is None:
+            return None
+        q = self.likelihood.sampler_units(ro.sampler_logp, ro.completion_mask)
+        return q[:, None] if q.dim() == 1 else q
+
     def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
         """Objective-specific metrics of this inner update (e.g. cost accounting)."""
         return {}
@@ -274,8 +302,10 @@ class Objective(ABC):
         s = self.score(ctx, ctx.policy, "policy")
         g = ro.shard.gather  # every process's rows (identity on one process)
         surrogate = None if s.surrogate is None else g(s.surrogate)
-        loss, metrics = self.policy_loss(g(s.logp), g(old), g(self.unit_advantages(ctx)), g(s.mask), c,
+        adv, behaviour = self.corrected_advantages(ctx, g(old), g(s.mask))
+        loss, metrics = self.policy_loss(g(s.logp), g(old), adv, g(s.mask), c,
                                          group_size=ro.group_size, surrogate=surrogate)
+        metrics.update(behaviour)
         if ref is not None:
             units, mask = s.kl_units()
             kl = agg_loss(g(kl_penalty(units, ref.kl_units()[0])), g(mask), self.kl_agg)
@@ -283,3 +313,21 @@ class Objective(ABC):
             metrics["train/kl"] = kl.detach()
         metrics.update(self.extra_metrics(ctx))
         return loss, metrics
+
+    def corrected_advantages(self, ctx: StepContext, old: torch.Tensor,
+                             mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The global batch's advantages, times the truncated importance weights with
+        ``behaviour_correction=tis``, and the mismatch metrics. ``old`` and ``mask`` (N, U) gathered."""
+        c, g = self.cfg, ctx.rollout.shard.gather
+        adv = g(self.unit_advantages(ctx))
+        q = self.sampler_units(ctx)
+        if q is None:
+            if c.behaviour_correction != "none":
+                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the sampler's "
+                                   "log-probabilities, which this rollout does not carry")
+            return adv, {}
+        mismatch = g(q).to(old.dtype) - old.detach()  # (N, U) log q - log pi_old
+        if c.behaviour_correction == "none":
+            return adv, mismatch_metrics(mismatch, mask)
+        w = tis_weights(mismatch, c.tis_cap)  # (N, U)
+        return adv * w, mismatch_metrics(mismatch, mask, w, c.tis_cap)

@@ -18,7 +18,15 @@ Rollout reuse: one rollout feeds ``mu`` optimizer steps; inner update ``i`` trai
 mu = 2`` trains slots 0-3, then 4-7 (logged as ``egspo/slice_start``). ``log pi_old`` of each slot is
 computed once per rollout with the old policy on the reconstructed state and cached
 (``old_logp=recompute``), or read from the trajectory recorder (``old_logp=recorded``, no forward;
-equal at ``theta_old`` up to float batching, but not with classifier-free guidance).
+equal at ``theta_old`` up to float batching, but not with classifier-free guidance nor with a
+``sampler.cache``, whose logits are approximate: then the ratio carries that mismatch, which
+``recompute`` shows as ``rollout/mismatch_log_ratio`` and ``behaviour_correction=tis`` can correct).
+
+Any sampler option: the replay uses exactly the committed sets the sampler chose (the recorder's),
+so at ``theta = theta_old`` the step ratio is exactly 1 with ``old_logp=recompute`` whatever the
+decoding rule, cache or early stop. Candidate steps are those that committed a token of the sample
+(with ``sampler.decode=threshold|factor`` a row can finish a block before the batch does); when a
+rollout took fewer than ``K`` of them the rest of the slots are unused.
 
 Source: the EGSPO paper (entropy-guided step selection; EGSPO-SA's greedy-completion values) and its
 public code, as summarised in SPEC §4. Deviations: a sample with fewer
@@ -106,11 +114,11 @@ class EGSPO(Objective):
                      completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
                      run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
         c, T = self.cfg, trajectory.num_steps
-        if c.K > T:
+        if c.K > T and not trajectory.variable_steps:  # decode=threshold|factor: a short rollout leaves slots unused
             raise ConfigError("objective.K", c.K, f"must be <= the sampler's steps (sampler.steps={T})")
-        cand = None
+        cand = trajectory.counts > 0  # (n, T) a step that committed nothing of a row is no action of it
         if c.stop_at_last_content:
-            cand = steps_up_to(last_content_step(trajectory, completion_ids, completion_mask, eos_id), T)
+            cand &= steps_up_to(last_content_step(trajectory, completion_ids, completion_mask, eos_id), T)
         gen = torch.Generator().manual_seed(mix_seed(run_seed, rollout_id, 0xE65))
         entropies = trajectory.entropies  # (n, T)
         steps = SELECTORS.get(c.select)(entropies, c.K, cand, gen).to(entropies.device)  # (n, K), -1 = unused
@@ -164,12 +172,7 @@ class EGSPO(Objective):
         if role == "policy":
             return Scores(b["run"](forward), mask)
         if role == "old" and self.cfg.old_logp == "recorded":
-            traj, steps = ctx.rollout.trajectory, ctx.rollout.selected_steps
-            assert traj is not None and steps is not None
-            old = traj.logps.gather(1, steps.clamp_min(0))
-            if self.cfg.reduce == "mean":
-                old = old / traj.counts.gather(1, steps.clamp_min(0)).clamp_min(1).float()
-            return Scores(old[:, b["slots"]].to(mask.device), mask)
+            return Scores(self._recorded(ctx), mask)
         # frozen policies: each slot's values are computed once per rollout and kept
         done: dict[int, torch.Tensor] = ctx.cache.setdefault(f"egspo/{role}", {})
         if any(k not in done for k in b["slots"]):
@@ -179,6 +182,20 @@ class EGSPO(Objective):
             for j, k in enumerate(b["slots"]):
                 done.setdefault(k, vals[:, j])
         return Scores(torch.stack([done[k] for k in b["slots"]], 1), mask)
+
+    def _recorded(self, ctx: StepContext) -> torch.Tensor:
+        """The sampler's own log pi(step s) of this update's slots, as it recorded them. (N, K')"""
+        traj, steps, slots = ctx.rollout.trajectory, ctx.rollout.selected_steps, self._batch(ctx)["slots"]
+        assert traj is not None and steps is not None
+        rec = traj.logps.gather(1, steps.clamp_min(0))
+        if self.cfg.reduce == "mean":
+            rec = rec / traj.counts.gather(1, steps.clamp_min(0)).clamp_min(1).float()
+        return rec[:, slots].to(steps.device)
+
+    def sampler_units(self, ctx: StepContext) -> torch.Tensor:
+        """The same steps' log-probabilities from the sampler's logits (exactly comparable with the
+        stepwise replay: ``objectives/behaviour.py``)."""
+        return self._recorded(ctx)
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """The selected slots' advantages (N, K'): per step (stepwise) or the sequence's for each."""

@@ -31,9 +31,11 @@ from diffusion_rl.sampling.sampler import (
     SampleOutput,
     SamplerConfig,
     StepRecorder,
+    all_ended,
+    block_schedule,
     denoise_step,
+    fill_after,
     generate,
-    num_transfer_tokens,
 )
 
 
@@ -50,6 +52,9 @@ def check_block_sampler(cfg: SamplerConfig, block_size: int) -> None:
                           f"must be divisible by the number of model blocks gen_length/block_size={num_blocks}")
     if cfg.cfg_scale > 0:
         raise ConfigError("sampler.cfg_scale", cfg.cfg_scale, "must be 0 with a block model (no guidance in the block sampler)")
+    if cfg.cache != "none":
+        raise ConfigError("sampler.cache", cfg.cache,
+                          "must be none with a block model (its sampler already caches finished blocks, exactly)")
 
 
 def align_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, block_size: int,
@@ -76,6 +81,7 @@ def block_generate(
     generator: torch.Generator | None = None,
     recorder: StepRecorder | None = None,
     use_cache: bool = True,
+    eos_id: int | None = None,
 ) -> SampleOutput:
     """Sample block by block; ``net(input_ids=, attention_mask=, past_key_values=, use_cache=)``.
 
@@ -83,8 +89,12 @@ def block_generate(
     (the reference the cache is checked against). A ``recorder`` sees full-width ``(B, P + L)``
     tensors; the logits outside the current block are zeros (a block model has not computed them:
     EGSPO-SA's greedy completions of later blocks are therefore not meaningful here).
+    ``sampler.decode`` and ``sampler.stop_after_eos`` (which needs ``eos_id``; SDAR's sampler stops
+    after a block that holds EOS too) work as in the masked-diffusion sampler.
     """
     check_block_sampler(cfg, block_size)
+    if cfg.stop_after_eos and eos_id is None:
+        raise ValueError("sampler.stop_after_eos needs the EOS id")
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     prompt_ids, keep_prompt, pad = align_prompt(prompt_ids, prompt_mask, block_size, mask_id)  # pads: never attended
@@ -93,29 +103,35 @@ def block_generate(
     x = torch.cat([prompt_ids, torch.full((B, L), mask_id, dtype=prompt_ids.dtype, device=device)], 1)  # (B, T)
     keep = torch.cat([keep_prompt.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)  # (B, T)
     gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
-    stats = CommitStats(B, device)
+    stats = CommitStats(B, P + L, device)
     cache = None
     if use_cache and P > 0:  # prefill: the prompt's blocks
         cache = net(input_ids=x[:, :P], attention_mask=keep[:, :P], use_cache=True).past_key_values
+        stats.forward(P)
     step = 0
     for start in range(P, P + L, bs):
         end = start + bs
-        k_sched = num_transfer_tokens((x[:, start:end] == mask_id).sum(-1), n_steps)  # (B, n)
-        for i in range(n_steps):
+        for k in block_schedule(cfg, x[:, start:end], mask_id, n_steps):  # a view: sees the commits
             blk = x[:, start:end]  # (B, bs)
             if use_cache:
                 logits = net(input_ids=blk, attention_mask=keep[:, :end], past_key_values=cache).logits.float()
+                stats.forward(bs)
             else:
                 logits = net(input_ids=x[:, :end], attention_mask=keep[:, :end]).logits[:, start:].float()  # (B, bs, V)
-            cand, commit = denoise_step(logits, blk == mask_id, k_sched[:, i], cfg, generator, gdtype)  # (B, bs)
-            stats.add(logits, commit)
+                stats.forward(end)
+            cand, commit = denoise_step(logits, blk == mask_id, k, cfg, generator, gdtype)  # (B, bs)
+            stats.add(logits, commit, cand, start)
             if recorder is not None:
                 _record(recorder, step, x, logits, cand, commit, start)
             x[:, start:end] = torch.where(commit, cand, blk)
             step += 1
+        if cfg.stop_after_eos and end < P + L and all_ended(x, P, end, eos_id, mask_id):  # type: ignore[arg-type]
+            x = fill_after(x, end, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
+            break
         if use_cache and end < P + L:  # the finished block is clean context from now on
             cache = net(input_ids=x[:, start:end], attention_mask=keep[:, :end], past_key_values=cache,
                         use_cache=True).past_key_values
+            stats.forward(bs)
     return stats.finish(x[:, pad:], x[:, P:])
 
 
@@ -135,10 +151,11 @@ def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Te
 
 def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                     cfg: SamplerConfig, mask_id: int, generator: torch.Generator | None = None,
-                    recorder: StepRecorder | None = None) -> SampleOutput:
+                    recorder: StepRecorder | None = None, eos_id: int | None = None) -> SampleOutput:
     """The sampler a network needs: block diffusion for a block model (``block_size > 0``), with the
-    key/value cache where the network supports it, else the masked-diffusion sampler."""
+    key/value cache where the network supports it, else the masked-diffusion sampler (with
+    ``sampler.cache`` on ``net``)."""
     if block_size > 0:
         return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, generator, recorder,
-                              use_cache=getattr(net, "supports_kv_cache", False))
-    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, generator, recorder)
+                              use_cache=getattr(net, "supports_kv_cache", False), eos_id=eos_id)
+    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, generator, recorder, net=net, eos_id=eos_id)

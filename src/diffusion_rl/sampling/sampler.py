@@ -1,4 +1,5 @@
-"""The low-confidence remasking sampler of LLaDA (SPEC §2), batched over prompts x group size.
+"""The low-confidence remasking sampler of LLaDA (SPEC §2), batched over prompts x group size, and
+the fewer-forward options of Fast-dLLM beside it (SPEC §10).
 
 Start from ``[prompt, MASK * gen_length]``; the completion is cut into blocks of ``block_length``
 filled left to right, each with ``steps / num_blocks`` denoising steps. At each step one forward pass
@@ -6,31 +7,53 @@ gives logits; a candidate token is drawn at every masked position (Gumbel-max at
 plain argmax at ``tau = 0``); the ``k`` most confident candidates inside the current block are
 committed. ``k`` follows :func:`num_transfer_tokens`.
 
-One step (candidates, confidence, the ``k`` committed) is :func:`denoise_step`, shared with the block
+One step (candidates, confidence, the committed set) is :func:`denoise_step`, shared with the block
 sampler (``block.py``). A :class:`StepRecorder` passed to :func:`generate` sees every step's state,
 logits and committed positions, so per-step trajectories (EGSPO) are recorded from the forward pass
-the sampler already makes. Every sampler also returns, per sample, the mean full-vocabulary entropy
-of the distributions its committed tokens were drawn from (temperature 1: ``train/entropy``).
+the sampler already makes. :class:`CommitStats` accumulates, per sample, what the rollout reports:
+the entropy of the distributions the committed tokens were drawn from (``train/entropy``), the
+sampler's own temperature-1 log-probability of each committed token (``rollout/mismatch_log_ratio``,
+behaviour correction) and the forward passes spent (``rollout/forwards_per_sample``).
+
+The exact sampler is ``decode=fixed cache=none stop_after_eos=false`` (the defaults). The options:
+
+- ``decode=threshold``: every masked candidate of the current block whose probability is *above*
+  ``threshold`` is committed, and always the most confident one; ``decode=factor``: with the block's
+  confidences sorted ``c1 >= c2 >= ...``, the first ``n`` while ``c_n >= 1 - factor / (n + 1)``. A
+  block then takes as many steps as it needs (at most ``block_length``: each step commits at least
+  one token per unfinished row); ``steps`` is not used. With ``threshold = 1.0`` and a schedule of
+  one token per step (``steps = gen_length``) this is the exact sampler, token for token.
+- ``cache=prefix|dual`` (``cache.py``): keys and values of the finished part (and, for ``dual``, of
+  the masked suffix) are reused within a block instead of being recomputed; approximations for a
+  bidirectional model, refreshed by a full forward at each block start (and every ``cache_refresh``
+  steps when set: ``cache_refresh=1`` is the exact sampler again).
+- ``stop_after_eos``: once every row holds an EOS with nothing masked after it at the end of a
+  block, the remaining blocks are filled with EOS without a forward pass (the completion mask
+  ignores tokens after the first EOS; the likelihood estimators still see them as context).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.sampling.cache import step_logits
 
 Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (ids, attn) -> logits
+DECODES = ("fixed", "threshold", "factor")
+CACHES = ("none", "prefix", "dual")
 
 
 @dataclass
 class SamplerConfig:
     gen_length: int = 256
     block_length: int = 32
-    steps: int = 128
+    steps: int = 128  # decode=fixed only
     temperature: float = 0.9  # tau; 0 = greedy
     remasking: str = "low_confidence"  # or "random"
     cfg_scale: float = 0.0  # classifier-free guidance (LLaDA); 0 = off
@@ -39,6 +62,13 @@ class SamplerConfig:
     # models; each call draws its noise from a generator keyed by its first global row, so runs on
     # 1 and on W processes match when both use the same value (e.g. rows per process)
     rollout_batch_size: int = 0
+    # Fewer forward passes (SPEC §10, Fast-dLLM); the defaults are the exact sampler of SPEC §2.
+    decode: str = "fixed"  # fixed (steps / num_blocks per block) | threshold | factor
+    threshold: float = 0.9  # decode=threshold: the paper's evaluation value
+    factor: float = 1.0  # decode=factor: commit the n most confident while c_n >= 1 - factor / (n + 1)
+    cache: str = "none"  # none | prefix | dual: key/value caches of a full-attention model
+    cache_refresh: int = 0  # also recompute everything every this many steps inside a block (0: at block starts only)
+    stop_after_eos: bool = False  # fill the remaining blocks with EOS once every row has ended
 
     def validate(self, prefix: str = "sampler") -> None:
         for key in ("gen_length", "block_length", "steps"):
@@ -67,6 +97,21 @@ class SamplerConfig:
             raise ConfigError(f"{prefix}.rollout_batch_size", self.rollout_batch_size, "must be >= 0 (0 = all rows at once)")
         if self.gumbel_dtype not in ("float64", "float32"):
             raise ConfigError(f"{prefix}.gumbel_dtype", self.gumbel_dtype, "allowed: float64, float32")
+        if self.decode not in DECODES:
+            raise ConfigError(f"{prefix}.decode", self.decode, f"allowed: {', '.join(DECODES)}")
+        if self.decode != "fixed" and self.remasking != "low_confidence":
+            raise ConfigError(f"{prefix}.remasking", self.remasking,
+                              f"must be low_confidence with {prefix}.decode={self.decode} (it thresholds probabilities)")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"{prefix}.threshold", self.threshold, "must be in [0, 1]")
+        if not self.factor > 0:
+            raise ConfigError(f"{prefix}.factor", self.factor, "must be > 0")
+        if self.cache not in CACHES:
+            raise ConfigError(f"{prefix}.cache", self.cache, f"allowed: {', '.join(CACHES)}")
+        if self.cache != "none" and self.cfg_scale > 0:
+            raise ConfigError(f"{prefix}.cfg_scale", self.cfg_scale, f"must be 0 with {prefix}.cache={self.cache}")
+        if self.cache_refresh < 0:
+            raise ConfigError(f"{prefix}.cache_refresh", self.cache_refresh, "must be >= 0 (0 = at block starts only)")
 
     @property
     def num_blocks(self) -> int:
@@ -75,6 +120,15 @@ class SamplerConfig:
     @property
     def steps_per_block(self) -> int:
         return self.steps // self.num_blocks
+
+    @property
+    def exact(self) -> bool:
+        """Whether this is the exact sampler of SPEC §2 (no fewer-forward option on)."""
+        return self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
+
+    def as_exact(self) -> SamplerConfig:
+        """This config with every fewer-forward option off: the exact sampler of SPEC §2."""
+        return replace(self, decode="fixed", cache="none", stop_after_eos=False)
 
 
 class StepRecorder(Protocol):
@@ -89,6 +143,9 @@ class StepRecorder(Protocol):
         committed: torch.Tensor,  # (B, T) bool, positions committed at this step
     ) -> None: ...
 
+    def on_fill(self, filled: torch.Tensor, token: int) -> None:
+        """``filled`` (B, T) bool positions set to ``token`` without a step (``stop_after_eos``)."""
+
 
 @dataclass
 class SampleOutput:
@@ -98,25 +155,46 @@ class SampleOutput:
     # their number: (B,) each; train/entropy is sum / count over the batch
     entropy_sum: torch.Tensor | None = None
     num_committed: torch.Tensor | None = None
+    # (B, L) float32: the sampler's temperature-1 log-probability of the token at each completion
+    # position, from the logits it committed the token with (0 where filled without a forward)
+    token_logp: torch.Tensor | None = None
+    forwards: int = 0  # forward passes each row went through (classifier-free guidance counts 2)
+    forward_tokens: int = 0  # query positions each row sent through the model (the FLOP measure)
+    steps: int = 0  # denoising steps taken
+    filled: int = 0  # completion tokens per row set to EOS without a forward (stop_after_eos)
 
 
 class CommitStats:
-    """Per-row sums over committed tokens, accumulated step by step (what :class:`SampleOutput` reports)."""
+    """Per-row sums over committed tokens and the forward passes spent, accumulated step by step
+    (what :class:`SampleOutput` reports)."""
 
-    def __init__(self, batch: int, device: torch.device):
+    def __init__(self, batch: int, width: int, device: torch.device):
         self.entropy_sum = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.token_logp = torch.zeros(batch, width, dtype=torch.float32, device=device)  # (B, T)
+        self.forwards = self.forward_tokens = self.steps = self.filled = 0
 
-    def add(self, logits: torch.Tensor, commit: torch.Tensor) -> None:
-        """logits (B, T, V) and commit (B, T) bool of one step."""
+    def forward(self, width: int, passes: int = 1) -> None:
+        """Count one model call over ``width`` query positions per row (``passes`` rows per sample)."""
+        self.forwards += passes
+        self.forward_tokens += passes * width
+
+    def add(self, logits: torch.Tensor, commit: torch.Tensor, cand: torch.Tensor, offset: int = 0) -> None:
+        """logits (B, R, V), commit (B, R) bool and candidates (B, R) of one step over the positions
+        ``offset .. offset + R`` of the sequence."""
         rows = commit.nonzero()[:, 0]  # (n,)
         logp = logits[commit].float().log_softmax(-1)  # (n, V)
         ent = -(logp.exp() * logp).sum(-1)  # (n,)
         self.entropy_sum.index_add_(0, rows, ent.double())
         self.count += commit.sum(-1)
+        view = self.token_logp[:, offset:offset + commit.shape[1]]  # (B, R) writes through
+        view[commit] = logp.gather(-1, cand[commit][:, None]).squeeze(-1)
+        self.steps += 1
 
     def finish(self, sequences: torch.Tensor, completion: torch.Tensor) -> SampleOutput:
-        return SampleOutput(sequences, completion, self.entropy_sum, self.count)
+        L = completion.shape[1]
+        return SampleOutput(sequences, completion, self.entropy_sum, self.count, self.token_logp[:, -L:],
+                            self.forwards, self.forward_tokens, self.steps, self.filled)
 
 
 def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
@@ -128,6 +206,22 @@ def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
     rem = (masked % steps)[:, None]  # (B, 1)
     idx = torch.arange(steps, device=masked.device)[None, :]  # (1, steps)
     return (base + (idx < rem).long()).long()
+
+
+def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
+                   fixed_steps: int) -> Iterator[torch.Tensor | None]:
+    """The commit counts of one block's steps. ``block`` (B, n) is a *view* of the block in the state
+    the sampler updates in place. ``decode=fixed`` gives ``fixed_steps`` counts (B,) of
+    :func:`num_transfer_tokens`; ``threshold`` / ``factor`` give ``None`` (the count is read from the
+    confidences) while a masked position is left, at most as many times as there were at the start."""
+    masked = (block == mask_id).sum(-1)  # (B,)
+    if cfg.decode == "fixed":
+        yield from num_transfer_tokens(masked, fixed_steps).unbind(1)
+        return
+    for _ in range(int(masked.max()) if masked.numel() else 0):
+        if not bool((block == mask_id).any()):
+            return
+        yield None
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
@@ -147,21 +241,57 @@ def top_k_per_row(confidence: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return ranks < k[:, None]
 
 
-def denoise_step(logits: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor, cfg: SamplerConfig,
+def parallel_count(conf: torch.Tensor, allowed: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
+    """How many candidates ``decode=threshold|factor`` commits (SPEC §10): (B, T) -> (B,) long.
+
+    threshold: those with probability above ``cfg.threshold``; factor: the first ``n`` of the sorted
+    confidences while ``c_n >= 1 - factor / (n + 1)``. Always at least one where any is allowed.
+    """
+    if cfg.decode == "threshold":
+        n = ((conf > cfg.threshold) & allowed).sum(-1)
+    else:
+        c = conf.masked_fill(~allowed, float("-inf")).sort(-1, descending=True).values  # (B, T)
+        rank = torch.arange(1, c.shape[-1] + 1, device=c.device, dtype=c.dtype)  # (T,) n = 1, 2, ...
+        n = (c >= 1 - cfg.factor / (rank + 1)).long().cumprod(-1).sum(-1)
+    return torch.where(allowed.any(-1), n.clamp_min(1), torch.zeros_like(n))
+
+
+def denoise_step(logits: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor | None, cfg: SamplerConfig,
                  generator: torch.Generator | None, gumbel_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """One low-confidence remasking step (SPEC §2) over a region of ``T`` positions.
 
     logits (B, T, V); ``allowed`` (B, T) the masked positions that may be committed now (in the
-    current block); ``k`` (B,) how many to commit. Returns the candidates (B, T), drawn at every
-    position, and the committed positions (B, T) bool: the ``k`` most confident allowed ones.
+    current block); ``k`` (B,) how many to commit, or None to let ``cfg.decode`` (threshold, factor)
+    choose from the confidences. Returns the candidates (B, T), drawn at every position, and the
+    committed positions (B, T) bool: the ``k`` most confident allowed ones.
     """
     cand = gumbel_argmax(logits, cfg.temperature, generator, gumbel_dtype)  # (B, T)
     if cfg.remasking == "low_confidence":
         conf = logits.float().softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, T)
     else:
         conf = torch.rand(allowed.shape, generator=generator, device=allowed.device)
+    if k is None:
+        k = parallel_count(conf, allowed, cfg)
     conf = conf.masked_fill(~allowed, float("-inf"))
     return cand, top_k_per_row(conf, k) & allowed
+
+
+def all_ended(x: torch.Tensor, start: int, end: int, eos_id: int, mask_id: int) -> bool:
+    """Whether every row of ``x[:, start:end]`` holds an EOS with no masked position after its first one."""
+    part = x[:, start:end]  # (B, n)
+    eos = (part == eos_id).long().cumsum(-1) > 0  # (B, n) at or after the first EOS
+    return bool(eos[:, -1].all()) and not bool((eos & (part == mask_id)).any())
+
+
+def fill_after(x: torch.Tensor, end: int, eos_id: int, mask_id: int, stats: CommitStats,
+               recorder: StepRecorder | None) -> torch.Tensor:
+    """``stop_after_eos``: set every masked position from ``end`` on to EOS, no forward. -> new x"""
+    filled = torch.zeros_like(x, dtype=torch.bool)
+    filled[:, end:] = x[:, end:] == mask_id
+    stats.filled = int(filled.sum(-1).max())
+    if recorder is not None:
+        recorder.on_fill(filled, eos_id)
+    return x.masked_fill(filled, eos_id)
 
 
 @torch.no_grad()
@@ -173,36 +303,54 @@ def generate(
     mask_id: int,
     generator: torch.Generator | None = None,
     recorder: StepRecorder | None = None,
+    *,
+    net: nn.Module | None = None,
+    eos_id: int | None = None,
 ) -> SampleOutput:
-    """Run the remasking sampler; ``forward(ids, attention_mask) -> logits (B, T, V)``."""
+    """Run the remasking sampler; ``forward(ids, attention_mask) -> logits (B, T, V)``.
+
+    ``cache=prefix|dual`` need the network itself (``net``: see :class:`~diffusion_rl.models.policy.KVCacheLM`),
+    ``stop_after_eos`` the EOS id.
+    """
     B, P = prompt_ids.shape
     device = prompt_ids.device
     L, bl = cfg.gen_length, cfg.block_length
+    if cfg.stop_after_eos and eos_id is None:
+        raise ValueError("sampler.stop_after_eos needs the EOS id")
     x = torch.cat([prompt_ids, torch.full((B, L), mask_id, dtype=prompt_ids.dtype, device=device)], 1)  # (B, T)
     attn = None
     if prompt_mask is not None and not bool(prompt_mask.all()):
         attn = torch.cat([prompt_mask.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)
     gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
     positions = torch.arange(P + L, device=device)
-    stats = CommitStats(B, device)
+    stats = CommitStats(B, P + L, device)
+    full = lambda ids: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id)  # noqa: E731 - (B, T, V)
+    source = step_logits(cfg.cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
+                         cfg.cache_refresh, keep_full=recorder is not None)
     step = 0
     for b in range(cfg.num_blocks):
         start, end = P + b * bl, P + (b + 1) * bl
-        k_sched = num_transfer_tokens((x[:, start:end] == mask_id).sum(-1), cfg.steps_per_block)  # (B, n)
         in_block = (positions >= start) & (positions < end)  # (T,)
-        for i in range(cfg.steps_per_block):
-            logits = _guided_logits(forward, x, attn, cfg.cfg_scale, P, mask_id)  # (B, T, V)
-            cand, commit = denoise_step(logits, (x == mask_id) & in_block, k_sched[:, i], cfg, generator, gdtype)
-            stats.add(logits, commit)
+        for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, cfg.steps_per_block)):
+            off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R
+            R = logits.shape[1]
+            cand, commit = denoise_step(logits, (x[:, off:off + R] == mask_id) & in_block[off:off + R], k, cfg,
+                                        generator, gdtype)
+            stats.add(logits, commit, cand, off)
             if recorder is not None:
-                recorder.on_step(step, x.clone(), logits, cand, commit)
-            x = torch.where(commit, cand, x)
+                recorder.on_step(step, x.clone(), *source.widen(x, logits, cand, commit, off))
+            x[:, off:off + R] = torch.where(commit, cand, x[:, off:off + R])
             step += 1
+        if cfg.stop_after_eos and end < P + L and all_ended(x, P, end, eos_id, mask_id):  # type: ignore[arg-type]
+            x = fill_after(x, end, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
+            break
     return stats.finish(x, x[:, P:])
 
 
-def _guided_logits(forward: Forward, x: torch.Tensor, attn: torch.Tensor | None, scale: float,
-                   prompt_len: int, mask_id: int) -> torch.Tensor:
+def guided_logits(forward: Forward, x: torch.Tensor, attn: torch.Tensor | None, scale: float,
+                  prompt_len: int, mask_id: int) -> torch.Tensor:
+    """The logits of one full step; with classifier-free guidance (``scale > 0``) the conditional and
+    the unconditional (prompt masked out) branches run in one batch. -> (B, T, V)"""
     if scale <= 0:
         return forward(x, attn)
     un = x.clone()

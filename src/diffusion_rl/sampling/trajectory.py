@@ -4,12 +4,15 @@ Plugged into :func:`~diffusion_rl.sampling.generate` as its ``recorder``; ``on_s
 logits of the forward pass the sampler already makes (SPEC §2). Per rollout sample it keeps:
 
 - ``commit_step`` (B, P+L) int16: the step at which each position was committed; ``-1`` for positions
-  never masked (the prompt), ``NEVER`` for positions still masked at the end. With the final
-  sequence this gives every intermediate state: the state before step ``s`` is the final sequence
-  with every position committed at a step ``>= s`` masked (:meth:`state_before`). No per-step copy
-  of the sequence is kept.
+  never masked (the prompt), ``NEVER`` for positions still masked at the end, ``FILLED`` for
+  positions the sampler set to EOS without a step (``sampler.stop_after_eos``: masked in every
+  recorded state, part of none of the committed sets). With the final sequence this gives every
+  intermediate state: the state before step ``s`` is the final sequence with every position
+  committed at a step ``>= s`` masked (:meth:`state_before`). No per-step copy of the sequence is kept.
 - ``final`` (B, P+L): the sequence after the last step (equals the sampler's output).
-- per step ``s`` (B, T) each: ``logps`` (float32) the behaviour log-probability of the committed
+- per step ``s`` (B, T) each (``T`` = the steps the sampler took; with ``sampler.decode=threshold|factor``
+  a row that finished its block early commits nothing at the batch's remaining steps of that block:
+  ``counts`` 0, and EGSPO selects none of those steps): ``logps`` (float32) the behaviour log-probability of the committed
   tokens, ``sum_{i in U_s} log softmax(logits_i)[x_i]``; ``entropies`` (float32) the step entropy
   ``H_s``, the mean over ``U_s`` of the full-vocabulary entropy of ``softmax(logits_i)``; ``counts``
   (int16) ``|U_s|``. A position where the sampler drew the mask token itself stays masked and is
@@ -42,14 +45,16 @@ from __future__ import annotations
 import torch
 
 NEVER = torch.iinfo(torch.int16).max  # commit step of a position still masked after the last step
+FILLED = NEVER - 1  # commit step of a position filled with EOS without a step (stop_after_eos)
 
 
 class TrajectoryRecorder:
     """A :class:`~diffusion_rl.sampling.StepRecorder` keeping a compact per-step trajectory."""
 
-    def __init__(self, mask_id: int, record_greedy: bool = True):
+    def __init__(self, mask_id: int, record_greedy: bool = True, variable_steps: bool = False):
         self.mask_id = mask_id
         self.record_greedy = record_greedy
+        self.variable_steps = variable_steps  # the sampler chose its number of steps (decode=threshold|factor)
         self.num_steps = 0
         self.commit_step: torch.Tensor | None = None  # (B, P+L) int16
         self.final: torch.Tensor | None = None  # (B, P+L)
@@ -64,7 +69,7 @@ class TrajectoryRecorder:
                 committed: torch.Tensor) -> None:
         if step != self.num_steps:
             raise RuntimeError(f"TrajectoryRecorder expects steps in order; got {step} after {self.num_steps} steps")
-        if step >= NEVER:
+        if step >= FILLED:
             raise RuntimeError(f"TrajectoryRecorder stores step indices as int16; step {step} is too large")
         B = x_before.shape[0]
         masked = x_before == self.mask_id  # (B, T)
@@ -93,6 +98,13 @@ class TrajectoryRecorder:
                                        self.commit_step)
         self.num_steps += 1
 
+    @torch.no_grad()
+    def on_fill(self, filled: torch.Tensor, token: int) -> None:
+        """``filled`` (B, P+L) positions set to ``token`` after the last step, without a forward."""
+        assert self.final is not None and self.commit_step is not None, "a fill follows the recorded steps"
+        self.final = self.final.masked_fill(filled, token)
+        self.commit_step = self.commit_step.masked_fill(filled, FILLED)
+
     # ---- per-step values ----------------------------------------------------------------
     @property
     def logps(self) -> torch.Tensor:
@@ -112,7 +124,7 @@ class TrajectoryRecorder:
     def select(self, rows: torch.Tensor) -> TrajectoryRecorder:
         """A recorder holding only the samples ``rows`` (B',) long, in that order (dynamic sampling)."""
         assert self.final is not None and self.commit_step is not None
-        out = TrajectoryRecorder(self.mask_id, self.record_greedy)
+        out = TrajectoryRecorder(self.mask_id, self.record_greedy, self.variable_steps)
         out.num_steps, out.final, out.commit_step = self.num_steps, self.final[rows], self.commit_step[rows]
         out._logps = [v[rows] for v in self._logps]
         out._entropies = [v[rows] for v in self._entropies]
@@ -134,6 +146,8 @@ class TrajectoryRecorder:
         """(B, P+L) the sequence the model saw at step ``s``; ``s = T`` gives the final sequence."""
         self._check(s, self.num_steps)
         assert self.final is not None and self.commit_step is not None
+        if s == self.num_steps:
+            return self.final.clone()  # still-masked positions are masked in it, filled ones hold EOS
         return self.final.masked_fill(self.commit_step >= s, self.mask_id)
 
     def greedy_completion(self, s: int) -> torch.Tensor:
@@ -162,7 +176,7 @@ class TrajectoryRecorder:
         """(B,) last step that committed any of ``positions`` ((B, P+L) bool); -1 where none did."""
         assert self.commit_step is not None
         cs = self.commit_step.long()
-        cs = cs.masked_fill(~positions | (cs == NEVER), -1)
+        cs = cs.masked_fill(~positions | (cs >= FILLED), -1)
         return cs.max(-1).values
 
     def nbytes(self) -> int:

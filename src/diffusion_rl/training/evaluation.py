@@ -29,7 +29,8 @@ def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerCon
     starts = range(0, len(prompts), batch_size)
     for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
         ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
-        res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, generator)
+        res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, generator,
+                              eos_id=bundle.eos_token_id)
         out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
     net.train(was_training)
     return out

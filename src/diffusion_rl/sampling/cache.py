@@ -1,0 +1,135 @@
+"""Where a denoising step's logits come from: a full forward, or a prefix / dual key-value cache
+(Fast-dLLM; SPEC §10). Used by :func:`~diffusion_rl.sampling.sampler.generate`.
+
+- ``cache=none``: one forward over the whole sequence every step (the exact sampler of SPEC §2).
+- ``cache=prefix``: at a block's first step, one full forward (it serves as that step) whose keys
+  and values of everything *before* the block are kept; the block's later steps run the block and
+  the masked suffix after it against them.
+- ``cache=dual``: the same full forward also keeps the keys and values of the suffix *after* the
+  block; later steps run only the block's tokens, against the cached prefix and suffix.
+
+For a bidirectional model both are approximations: the cached states of the prefix would change if
+recomputed (its tokens attend to the block, which is being filled in) and so would the suffix's.
+They are refreshed by a full forward at each block start, and every ``sampler.cache_refresh``
+steps inside a block when that is set (``cache_refresh=1`` recomputes everything every step: the
+exact sampler, token for token). ``benchmarks/rollout.py`` measures how far the logits move.
+
+The network must follow the cache convention of :class:`~diffusion_rl.models.policy.KVCacheLM`;
+``dual`` concatenates the prefix's and the suffix's cached keys and runs the block after them, which
+a full-attention model computes exactly as if the block sat between them (attention has no notion of
+order beyond the positions, which are passed explicitly).
+
+A step returns ``(offset, logits (B, R, V))``: the logits of positions ``offset .. offset + R``
+(the whole sequence at a refresh). :meth:`StepLogits.widen` gives a recorder full-width tensors; the
+logits of positions this step did not compute are the latest ones computed there (from the last
+refresh), which is what EGSPO-SA's greedy completions of later positions then read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from diffusion_rl.models.policy import KVCache, check_cache_support
+
+Count = Callable[[int, int], None]  # (query positions per row, model rows per sample) of one model call
+
+
+class StepLogits:
+    """``cache=none``: every step is a full forward (``full(x) -> logits (B, T, V)``, with classifier-free
+    guidance if configured: ``passes = 2`` model rows per sample)."""
+
+    def __init__(self, full: Callable[[torch.Tensor], torch.Tensor] | None, passes: int, count: Count,
+                 refresh_every: int = 0, keep_full: bool = False):
+        self.full_forward, self.passes, self.count = full, passes, count
+        self.refresh_every, self.keep_full = refresh_every, keep_full
+        self.full: torch.Tensor | None = None  # (B, T, V) latest logits at every position (recorders)
+
+    def __call__(self, x: torch.Tensor, start: int, end: int, i: int) -> tuple[int, torch.Tensor]:
+        """Logits of step ``i`` of the block ``[start, end)`` for the state ``x`` (B, T)."""
+        assert self.full_forward is not None
+        self.count(x.shape[1], self.passes)
+        return 0, self.full_forward(x)
+
+    def refresh_now(self, i: int) -> bool:
+        return i == 0 or (self.refresh_every > 0 and i % self.refresh_every == 0)
+
+    def widen(self, x: torch.Tensor, logits: torch.Tensor, cand: torch.Tensor, commit: torch.Tensor,
+              offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Full-width (B, T, V) logits, (B, T) candidates and committed positions of a step."""
+        T, R = x.shape[1], logits.shape[1]
+        if R == T:
+            self.full = logits if self.keep_full else None
+            return logits, cand, commit
+        assert self.full is not None, "a cached step follows a refresh"
+        self.full[:, offset:offset + R] = logits
+        full_cand, full_commit = x.clone(), torch.zeros_like(x, dtype=torch.bool)
+        full_cand[:, offset:offset + R] = cand
+        full_commit[:, offset:offset + R] = commit
+        return self.full, full_cand, full_commit
+
+
+class CachedStepLogits(StepLogits):
+    """``cache=prefix|dual`` on a network following the :class:`~diffusion_rl.models.policy.KVCacheLM`
+    convention; ``attn`` (B, T) the padding mask or None."""
+
+    def __init__(self, net: nn.Module, attn: torch.Tensor | None, mode: str, count: Count,
+                 refresh_every: int = 0, keep_full: bool = False):
+        super().__init__(None, 1, count, refresh_every, keep_full)  # its full steps also fill the cache
+        self.net, self.attn, self.mode = net, attn, mode
+        self.past: KVCache | None = None
+        self.block = (-1, -1)
+        self.shift = int(getattr(net, "logits_shift", 0))
+
+    def positions(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T) position ids, as the model derives them from the padding mask in a full forward
+        (a model with ``mask_padding = False``, LLaDA as released, counts the padding)."""
+        if self.attn is None or not getattr(self.net, "mask_padding", True):
+            return torch.arange(x.shape[1], device=x.device).expand_as(x)
+        return (self.attn.long().cumsum(-1) - 1).clamp(min=0)
+
+    def __call__(self, x: torch.Tensor, start: int, end: int, i: int) -> tuple[int, torch.Tensor]:
+        T = x.shape[1]
+        # a shifted-logits model (Dream: the output at i - 1 predicts token i) also runs the token
+        # before the block, so that the block's first logits are computed, not cached
+        lo = start - self.shift
+        if self.refresh_now(i) or self.block != (start, end):
+            out = self.net(input_ids=x, attention_mask=self.attn, use_cache=True)  # the exact step's forward
+            self.count(T, 1)
+            keep = [(0, lo)] if self.mode == "prefix" else [(0, lo), (end, T)]
+            self.past = type(out.past_key_values)((_slices(k, keep), _slices(v, keep)) for k, v in out.past_key_values)
+            if self.shift:  # what the cache predicts for the first new token (position lo; dropped below)
+                self.past.next_logits = out.logits[:, lo]  # type: ignore[union-attr]
+            self.block = (start, end)
+            return 0, out.logits.float()
+        pos = self.positions(x)
+        if self.mode == "prefix":  # the block and the masked suffix against the cached prefix
+            ids, attn, new = x[:, lo:], self.attn, slice(lo, T)
+        else:  # the block alone, against the cached prefix then suffix (keys in that order)
+            ids, new = x[:, lo:end], slice(lo, end)
+            attn = None if self.attn is None else torch.cat(
+                [self.attn[:, :lo], self.attn[:, end:], self.attn[:, lo:end]], 1)
+        out = self.net(input_ids=ids, attention_mask=attn, position_ids=pos[:, new], past_key_values=self.past)
+        self.count(ids.shape[1], 1)
+        return start, out.logits[:, self.shift:].float()
+
+
+def _slices(t: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """The positions ``ranges`` of a cached (B, H, S, Dh) tensor, concatenated along S."""
+    parts = [t[:, :, a:b] for a, b in ranges if b > a] or [t[:, :, :0]]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+
+def step_logits(cache: str, full: Callable[[torch.Tensor], torch.Tensor], passes: int, net: nn.Module | None,
+                attn: torch.Tensor | None, count: Count, refresh_every: int = 0,
+                keep_full: bool = False) -> StepLogits:
+    """The step-logits source ``sampler.cache`` asks for: ``full`` runs the exact step (``passes`` model
+    rows per sample); the caches need ``net``; ``count`` is told of every model call."""
+    if cache == "none":
+        return StepLogits(full, passes, count, refresh_every, keep_full)
+    if net is None:
+        raise ValueError(f"sampler.cache={cache} needs the network (generate(..., net=...))")
+    check_cache_support(net, cache)
+    return CachedStepLogits(net, attn, cache, count, refresh_every, keep_full)
