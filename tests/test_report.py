@@ -236,3 +236,16 @@ def test_seeds_are_aggregated_with_mean_sd_bands_and_paired_bootstrap(seeded, mo
     assert len(grad.collections) == 2  # one band per condition
     for fig in figures.values():
         real_close(fig)
+
+
+def test_a_recorded_experiment_opens_with_its_intro_and_regenerates_it(multirun):
+    """docs/results/*: the question, answer and command (INTRO.md beside the runs) come first, and
+    regenerating the report from the committed runs keeps them."""
+    intro = "# What eps does\n\n**Question.** Does it act? **Answer.** No. **Command.** `python src/train.py -m ...`"
+    (multirun / "INTRO.md").write_text(intro + "\n")
+    for _ in range(2):
+        report, _ = build_report(multirun, multirun / "report")
+        text = report.read_text()
+        assert text.startswith(intro + "\n\n") and "# Report:" not in text
+    (multirun / "INTRO.md").unlink()
+    assert build_report(multirun)[0].read_text().startswith(f"# Report: {multirun}")

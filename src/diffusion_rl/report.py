@@ -71,6 +71,7 @@ PLOTS = (  # file, metric, title, log scale (heldout.png is drawn by plot_heldou
     ("rollout_time.png", "time/rollout_s", "rollout wall time per rollout (s)", False),
     ("update_time.png", "time/update_s", "wall time per optimizer update (s)", False),
 )
+INTRO = "INTRO.md"  # in the report's folder: written before the tables (docs/results/*)
 COST = (  # cost table: header, metric (mean over the run's rows)
     ("rollout s", "time/rollout_s"), ("update s", "time/update_s"), ("forwards / sample", "rollout/forwards_per_sample"),
     ("tokens / forward", "rollout/tokens_per_forward"), ("mismatch (mean)", "rollout/mismatch_log_ratio"),
@@ -204,7 +205,9 @@ def build_report(root: str | Path, out_dir: str | Path | None = None) -> tuple[P
         elif not seeds and plot_metric(runs, metric, title, out / f, log_y):
             made.append((f, title))
     failed = [r for r in runs if r.failed]
-    lines = [f"# Report: {root}", "", f"{len(runs)} runs, {len(failed)} failed. Labels are the overrides that "
+    intro = root / INTRO  # a recorded experiment's question, answer and command: the report's first lines
+    head = [intro.read_text().rstrip(), ""] if intro.is_file() else [f"# Report: {root}", ""]
+    lines = [*head, f"{len(runs)} runs, {len(failed)} failed. Labels are the overrides that "
              "differ between runs. Spikes: pre-clip gradient norm above `diagnostics.spike_factor` x its "
              "running median.", ""]
     if seeds:
