@@ -64,7 +64,7 @@ def test_stepwise_metrics_ignore_unused_slots_and_need_values():
 
 
 def test_configs_validate_and_registry_names():
-    assert ADVANTAGES.names() == ["group", "group_std", "loo", "stepwise"]
+    assert ADVANTAGES.names() == ["group", "group_std", "loo", "per_token", "stepwise"]
     assert GroupConfig().name == "group" and LOOConfig().name == "loo" and AdvantageConfig().name == "group_std"
     with pytest.raises(ConfigError, match="advantage.lam"):
         StepwiseConfig(lam=-1).validate()
@@ -73,7 +73,8 @@ def test_configs_validate_and_registry_names():
 
 
 @pytest.mark.parametrize("objective,advantage,ok", [
-    ("grpo", "loo", True), ("grpo", "stepwise", False), ("stabledrl", "group", True),
+    ("grpo", "loo", True), ("grpo", "stepwise", False), ("stabledrl", "group", True), ("grpo", "per_token", True),
+    ("stabledrl", "per_token", False), ("egspo", "per_token", False),
     ("egspo", "stepwise", True), ("egspo_sa", "group_std", False), ("egspo_sa", "stepwise", True),
 ])
 def test_objectives_refuse_estimators_they_cannot_use(tmp_path, objective, advantage, ok):
@@ -88,3 +89,18 @@ def test_objectives_refuse_estimators_they_cannot_use(tmp_path, objective, advan
         with pytest.raises(ConfigError) as err:
             build(cfg)
         assert str(err.value).startswith(f"advantage.name='{advantage}' is invalid: objective {objective}")
+
+
+def test_per_token_credit_hand_computed():
+    rewards = torch.tensor([1.0, 0.5])  # one group of G = 2
+    token_rewards = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.0]])  # each row sums to its reward
+    adv, m = estimator("per_token")(rewards, 2, token_rewards=token_rewards)
+    scale = torch.tensor([0.5, 0.0]).std().item() + 1e-4  # position 0: one sample earned, one did not
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]]) / scale)
+    assert m["advantage/credited_token_frac"] == pytest.approx(3 / 6)
+    # unscaled, a sample's token advantages add up to its centred reward: the same signal, split
+    centred = adv * scale
+    seq, _ = estimator("group")(rewards, 2)
+    assert torch.allclose(centred.sum(-1), seq, atol=1e-4)
+    with pytest.raises(ValueError, match="token"):
+        estimator("per_token")(rewards, 2)

@@ -287,7 +287,7 @@ def test_config_errors(cls, kwargs, key):
 class TextTask:
     """A reward that depends on the text, so greedy completions get different values."""
 
-    cfg = SimpleNamespace(group_size=2)
+    cfg = SimpleNamespace(group_size=2, loss_mask="all")
 
     def prompt(self, item):
         return item["prompt"]
@@ -393,10 +393,18 @@ def test_selection_experiment_sweeps_selectors_and_seeds_with_egspo_defaults(tmp
 
     from .helpers import CONF, compose_cfg
 
-    cfg = compose_cfg(["experiment=egspo_selection"], tmp_path)
+    cfg = compose_cfg(["experiment=egspo_selection"], tmp_path, tiny=False)
     assert cfg.objective.name == "egspo" and cfg.optim.lr == pytest.approx(1e-4) and cfg.task.name == "sudoku"
+    assert (cfg.objective.K, cfg.sampler.steps) == (2, 16)  # one step in eight, as the paper's 8 of 128
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         full = compose(config_name="config", overrides=["experiment=egspo_selection"], return_hydra_config=True)
     params = full.hydra.sweeper.params
-    assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform"}
-    assert len(params["seed"].split(",")) >= 2
+    assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform", "low_entropy"}
+    assert len(params["seed"].split(",")) == 3
+
+
+def test_low_entropy_selector_is_the_mirror_of_entropy():
+    H = torch.tensor([[0.1, 0.9, 0.3, 0.8, 0.2, 0.7]])
+    assert SELECTORS.get("low_entropy")(H, 3).tolist() == [[0, 4, 2]]
+    assert SELECTORS.get("low_entropy")(H, 2, steps_up_to(torch.tensor([1]), 6)).tolist() == [[0, 1]]
+    assert SELECTORS.get("low_entropy")(H, 3, steps_up_to(torch.tensor([0]), 6)).tolist() == [[0, -1, -1]]

@@ -16,11 +16,13 @@ def rows(run):
 def test_evaluating_every_step_leaves_the_training_unchanged(tmp_path):
     quiet = train(compose_cfg(["eval.every_n_steps=0"], tmp_path), tmp_path / "a")
     watched = train(compose_cfg(["eval.every_n_steps=1"], tmp_path), tmp_path / "b")
-    strip = lambda rs: [{k: v for k, v in r.items() if v and not k.startswith(("time/", "throughput/", "eval/"))}
+    strip = lambda rs: [{k: v for k, v in r.items() if v and not k.startswith(("time/", "throughput/", "eval/", "val/"))}
                         for r in rs if r.get("grad/norm")]
     assert strip(rows(tmp_path / "a")) == strip(rows(tmp_path / "b"))  # bitwise, as text
     assert quiet["after"] == watched["after"]
-    evals = [(int(r["step"]), float(r["eval/cell_accuracy"])) for r in rows(tmp_path / "b") if r.get("eval/cell_accuracy")]
-    assert [s for s, _ in evals] == [0, 1, 2, 3, 4]  # before RL, after each step (the last one is "after")
-    assert evals[0][1] == quiet["before"]["cell_accuracy"] and evals[-1][1] == quiet["after"]["cell_accuracy"]
+    # the test split before and after RL (eval/*), the validation split at every step (val/*)
+    tests = [(int(r["step"]), float(r["eval/cell_accuracy"])) for r in rows(tmp_path / "b") if r.get("eval/cell_accuracy")]
+    assert tests == [(0, quiet["before"]["cell_accuracy"]), (4, quiet["after"]["cell_accuracy"])]
     assert [int(r["step"]) for r in rows(tmp_path / "a") if r.get("eval/cell_accuracy")] == [0, 4]
+    vals = [int(r["step"]) for r in rows(tmp_path / "b") if r.get("val/cell_accuracy")]
+    assert vals == [0, 1, 2, 3, 4] and [v["step"] for v in watched["validation"]] == [0, 1, 2, 3, 4]

@@ -27,7 +27,7 @@ LAYERS = [
     {"advantages", "objectives"},
     {"rollout"},
     {"training"},
-    {"train", "evaluate", "report", "sweep", "cli", "conf_store"},
+    {"train", "evaluate", "report", "report_groups", "report_runs", "sweep", "cli", "conf_store"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 NO_LIGHTNING = {"models", "sampling", "likelihood", "rewards", "advantages", "objectives", "rollout", "distributed"}

@@ -78,13 +78,14 @@ def test_report_on_two_runs_and_a_failed_one(multirun):
     text = report.read_text()
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| eps=")}
     # run | status | steps | spikes | max grad norm | final reward (last 5) | held-out before -> after | skipped
-    assert rows["eps=5"] == "| eps=5 | ok | 8 | 0 | 1.000 | 0.250 | 0.500 -> 0.625 | 0 |"
-    assert rows["eps=100"] == "| eps=100 | ok | 8 | 2 | 30.000 | 0.225 | 0.500 -> 0.250 | 3 |"
+    # | ratios clipped (none logged here)
+    assert rows["eps=5"] == "| eps=5 | ok | 8 | 0 | 1.000 | 0.250 | 0.500 -> 0.625 | 0 | - |"
+    assert rows["eps=100"] == "| eps=100 | ok | 8 | 2 | 30.000 | 0.225 | 0.500 -> 0.250 | 3 | - |"
     assert rows["eps=1000"].startswith("| eps=1000 | failed: RuntimeError: 51 consecutive updates had a non-finite loss |")
     assert "| 1 | 50.000 | 0.300 | - |" in rows["eps=1000"]  # what it logged before failing
     assert "held-out cell_accuracy before -> after" in text
     assert "3 runs, 1 failed" in text
-    assert "![pre-clip gradient norm (x = spike)](grad_norm.png)" in text
+    assert "![pre-clip gradient norm (x = spike; dotted: optim.grad_clip)](grad_norm.png)" in text
 
 
 def test_a_run_without_summary_or_failed_json_is_failed_not_a_crash(tmp_path):
@@ -155,13 +156,15 @@ def test_single_run_panels_heldout_kl_entropy_smoothed_reward_and_no_constant_pa
                      "rollout_time.png", "update_time.png"]  # GRPO: beta=0.04; forwards constant (exact sampler)
     text = report.read_text()
     assert "Not plotted, constant in every run: `ratio/log_std` (0 at every step)" in text
-    held = figures["held-out metrics at each evaluation (step 0: before RL)"].axes[0]
+    held = figures["held-out metrics: validation split during RL (lines), test split before / after (diamonds)"].axes[0]
     lines = {ln.get_label(): ln for ln in held.get_lines()}
-    assert set(lines) == {"cell_accuracy", "solved_rate", "valid_rate"}  # the task's metrics, not its reward
-    cell = lines["cell_accuracy"]
-    assert list(cell.get_xdata()) == [0, 2, 4, 5]  # before RL, every 2 steps, after RL
-    assert cell.get_ydata()[0] == pytest.approx(summary["before"]["cell_accuracy"])
-    assert cell.get_ydata()[-1] == pytest.approx(summary["after"]["cell_accuracy"])
+    names = {"cell_accuracy", "solved_rate", "valid_rate"}  # the task's metrics, not its reward
+    assert set(lines) == names | {f"{n} (test)" for n in names}
+    assert list(lines["cell_accuracy"].get_xdata()) == [0, 2, 4]  # validation: before RL, every 2 steps
+    test = lines["cell_accuracy (test)"]
+    assert list(test.get_xdata()) == [0, 5]  # the test split before and after RL
+    assert test.get_ydata()[0] == pytest.approx(summary["before"]["cell_accuracy"])
+    assert test.get_ydata()[-1] == pytest.approx(summary["after"]["cell_accuracy"])
     reward = figures["mean rollout reward (line: EMA; faint: each rollout)"].axes[0].get_lines()
     raw, smooth = reward  # the raw values faint behind the smoothed line
     assert raw.get_alpha() == report_mod.RAW_ALPHA and smooth.get_alpha() is None
@@ -191,3 +194,58 @@ def test_ema_is_debiased_and_smooths():
     assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0 at the start
     out = ema([0.0, 1.0] * 20, 0.9)
     assert max(out[-10:]) - min(out[-10:]) < 0.2 and out[-1] == pytest.approx(0.5, abs=0.1)
+
+
+@pytest.fixture
+def seeded(tmp_path):
+    """Two conditions x two seeds, each run with its after-RL per-item test rewards."""
+    root = tmp_path / "seeded"
+    items = {"a": [[1.0, 1.0, 0.5, 0.5], [1.0, 0.5, 1.0, 1.0]], "b": [[0.5, 0.5, 0.5, 0.0], [0.5, 0.5, 1.0, 0.5]]}
+    for job, (cond, seed) in enumerate([("a", 0), ("a", 1), ("b", 0), ("b", 1)]):
+        folder = root / f"{job}_ablation={cond},seed={seed}"
+        scores = items[cond][seed]
+        write_run(folder, [f"ablation={cond}", f"seed={seed}"], norms=[1, 2, 3, 4], spikes=[0, 0, 0, 1],
+                  rewards=[0.5, 0.6],
+                  summary={"before": {"cell_accuracy": 0.5}, "after": {"cell_accuracy": sum(scores) / 4},
+                           "optimizer_steps": 4, "skipped_updates": 0, "config": {"seed": seed, "optim": {"grad_clip": 2.0}}})
+        (folder / "eval_generations.jsonl").write_text("".join(json.dumps({"reward": v}) + "\n" for v in scores))
+    return root
+
+
+def test_seeds_are_aggregated_with_mean_sd_bands_and_paired_bootstrap(seeded, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from diffusion_rl.report_groups import group_runs, paired_bootstrap
+
+    figures = {}
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.setdefault(fig.axes[0].get_title(), fig))
+    report, runs = build_report(seeded)
+    groups = group_runs(runs)
+    assert list(groups) == ["ablation=a", "ablation=b"] and all(len(g) == 2 for g in groups.values())
+    text = report.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| ablation=a |"))
+    # after: seed 0 0.75, seed 1 0.875 -> mean 0.8125, sd 0.0884; gain 0.3125
+    assert "| 2/2 | 0.500 ± 0.000 | 0.812 ± 0.088 | 0.312 ± 0.088 |" in row
+    mean, lo, hi, n = paired_bootstrap(groups["ablation=b"], groups["ablation=a"])
+    assert n == 2 and mean == pytest.approx((1.5 - 3.0 + 2.5 - 3.5) / 8)  # per-item differences, pooled
+    assert lo <= mean <= hi < 0  # b is worse on every seed: the interval excludes 0
+    assert "| ablation=b | 2 | -0.3125 |" in text
+    grad = figures["pre-clip gradient norm (x = spike; dotted: optim.grad_clip) (line: mean over seeds; band: their range)"].axes[0]
+    assert any(line.get_label() == "clip threshold 2" for line in grad.get_lines())
+    assert len(grad.collections) == 2  # one band per condition
+    for fig in figures.values():
+        real_close(fig)
+
+
+def test_a_recorded_experiment_opens_with_its_intro_and_regenerates_it(multirun):
+    """docs/results/*: the question, answer and command (INTRO.md beside the runs) come first, and
+    regenerating the report from the committed runs keeps them."""
+    intro = "# What eps does\n\n**Question.** Does it act? **Answer.** No. **Command.** `python src/train.py -m ...`"
+    (multirun / "INTRO.md").write_text(intro + "\n")
+    for _ in range(2):
+        report, _ = build_report(multirun, multirun / "report")
+        text = report.read_text()
+        assert text.startswith(intro + "\n\n") and "# Report:" not in text
+    (multirun / "INTRO.md").unlink()
+    assert build_report(multirun)[0].read_text().startswith(f"# Report: {multirun}")

@@ -409,3 +409,16 @@ def test_stabledrl_config_errors_name_the_key(tmp_path):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             build(compose_cfg(["objective=stabledrl", *overrides], tmp_path))
     build(compose_cfg(["objective=stabledrl", "objective.surrogate=spg_mix"], tmp_path))  # the default weighting fits
+
+
+def test_grpo_on_elbo_can_draw_fresh_masks(tmp_path, tiny_bundle):
+    """share_masks_with_old is every objective's: GRPO on ELBO ratios sees the paper's noisy regime too."""
+    from diffusion_rl.objectives.grpo import GRPO, GRPOConfig
+
+    ro = make_rollout(tiny_bundle)
+    net = tiny_bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=1, weighting="inverse_t", t_min=1e-3), tiny_bundle.mask_token_id)
+    _, shared = GRPO(GRPOConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    _, fresh = GRPO(GRPOConfig(beta=0.0, share_masks_with_old=False), est).loss(_ctx(tiny_bundle, net, old, ro))
+    assert shared["ratio/log_std"].item() == 0.0 and fresh["ratio/log_std"].item() > 0

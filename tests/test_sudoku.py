@@ -7,7 +7,7 @@ import random
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from diffusion_rl.errors import ConfigError
@@ -190,7 +190,10 @@ def test_data_path_excludes_csv_solutions_from_training(tmp_path):
     assert [it["solution"] for it in test] == held[:30]  # the CSV's first num_test rows
     train_solutions = {it["solution"] for it in task.train_items()}
     assert not train_solutions & set(held)  # all CSV solutions excluded, not only the first 30
+    val = task.validation_items()
     assert set(task.train_grids()) == set(all_solution_grids()) - set(held)
+    assert val and not {it["solution"] for it in val} & set(held)  # puzzles of training grids, never a CSV grid
+    assert not {it["puzzle"] for it in val} & {it["puzzle"] for it in task.train_items()}
 
 
 # ---- answer parsing and reward -----------------------------------------------------------------
@@ -339,3 +342,34 @@ def test_registered_and_default_config_valid():
     assert TASKS.get("sudoku") is SudokuTask
     assert SudokuTask.config_class is SudokuConfig
     SudokuConfig().validate()
+
+
+# ---- validation split and the reward's tokens ------------------------------------------------------
+def test_reward_token_mask_marks_the_digits_of_empty_cells():
+    task = SudokuTask(SudokuConfig())
+    item = {"puzzle": PUZZLE, "solution": GRID}
+    empty = [c == "0" for c in PUZZLE]
+    assert task.reward_token_mask(item, list(GRID)) == empty  # a given's digit changes nothing
+    # a non-digit counts (it shifts nothing, but another token there would); later cells shift with it
+    mask = task.reward_token_mask(item, ["3", "x", *GRID[1:]])
+    assert mask[:2] == [False, True] and mask[2:] == empty[1:]
+    # the cells are those of the last <answer> block: digits in the reasoning count as text
+    tokens = ["<reasoning>", "1", "2", "</reasoning>", "<answer>", *GRID, "</answer>"]
+    mask = task.reward_token_mask(item, tokens)
+    assert mask[:5] == [True] * 5 and mask[5:21] == empty and mask[21] is True
+    # and the reward really ignores those tokens: changing a given cell's digit keeps the reward
+    changed = "".join(d if e else ("4" if d != "4" else "1") for d, e in zip(GRID, empty, strict=True))
+    assert task.rewards([GRID, changed], [item, item]).tolist() == [1.0, 1.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789 x<>/answer", max_size=40), st.sampled_from(all_solution_grids()),
+       st.integers(0, 2**16 - 1))
+def test_token_rewards_sum_to_the_reward(text, grid, blank_bits):
+    """Per-cell credit splits the reward exactly, whatever the completion (one token per character),
+    for every puzzle with an empty cell (one without scores 1 whatever is written: nothing to split)."""
+    assume(blank_bits != 0)
+    puzzle = "".join("0" if blank_bits >> i & 1 else c for i, c in enumerate(grid))
+    item = {"puzzle": puzzle, "solution": grid}
+    task = SudokuTask(SudokuConfig())
+    assert sum(task.token_rewards(item, list(text))) == pytest.approx(float(task.rewards([text], [item])[0]), abs=1e-6)

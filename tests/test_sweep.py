@@ -124,3 +124,26 @@ def test_joblib_launcher_runs_jobs_and_survives_a_failure(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "sweep" / "0" / "summary.json").exists()
     assert (tmp_path / "sweep" / "1" / "failed.json").exists()
+
+
+def test_noise_grid_composes_every_arm_in_the_papers_elbo_regime(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from diffusion_rl.train import build
+
+    from .helpers import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        full = compose(config_name="config", overrides=["experiment=stabledrl_noise"], return_hydra_config=True)
+    params = full.hydra.sweeper.params
+    arms = params["ablation"].split(",")
+    assert params["objective.share_masks_with_old"] == "true,false" and len(params["seed"].split(",")) == 3
+    eps = {}
+    for arm in arms:
+        c = build(compose_cfg(["experiment=stabledrl_noise", f"ablation={arm}", "objective.share_masks_with_old=false"],
+                              tmp_path))
+        lik = c.objective.likelihood.cfg
+        assert (lik.weighting, lik.t_min, lik.num_samples, c.objective.cfg.mu) == ("inverse_t", 0.001, 2, 2)
+        assert c.optim.grad_clip == 0 and c.objective.cfg.share_masks_with_old is False
+        eps[arm] = getattr(c.objective.cfg, "eps_high" if arm == "grpo_elbo" else "eps")
+    assert eps == {"grpo_elbo": 5.0, "clip_only": 5.0, "selfnorm_only": 5.0, "stabledrl": 5.0, "stabledrl_eps1000": 1000.0}

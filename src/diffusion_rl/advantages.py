@@ -7,6 +7,14 @@ the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``
 - ``group``:     ``A_j = r_j - mean_G(r)``                       (SPEC §4; Dr. GRPO's unscaled form)
 - ``group_std``: ``A_j = (r_j - mean_G(r)) / (std_G(r) + eps)``  (d1 / TRL's default; the unbiased std)
 - ``loo``:       ``A_j = r_j - mean_{k != j} r_k = G / (G - 1) (r_j - mean_G(r))``   (RLOO)
+- ``per_token``: per-cell credit, GRPO's group normalisation applied to each token position. With
+  ``r_ji`` the reward token ``i`` of sample ``j`` earned itself (``Task.token_rewards``, summing to
+  ``r_j``), ``A_ji = (r_ji - mean_G(r_.i)) / (std_G(r_.i) + eps)``: each token is compared with the
+  group's tokens at its position. For a policy that draws the tokens independently given the prompt
+  (d1's one-step view) the centred credit is an unbiased, lower-variance policy gradient of the same
+  reward; under the iterative sampler it ignores how a token changes the distribution of the others.
+  A position whose tokens all earned the same (a Sudoku given, EOS, a cell every sample got right)
+  gets no advantage: anchor what must not drift with the KL term.
 - ``stepwise``:  EGSPO-SA (SPEC §4). With ``V_jk`` the reward of the greedy one-step completion at
   sample ``j``'s ``k``-th selected step, ``R_jk = (1 + lam) r_j - lam V_jk`` (``/ (1 + lam)`` when
   ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k`` (``/ (std + eps)`` when
@@ -46,6 +54,7 @@ class AdvantageEstimator(ABC):
 
     config_class: type[AdvantageConfig] = AdvantageConfig
     needs_values: bool = False  # True: needs V, the rewards of greedy one-step completions (N, K)
+    needs_token_rewards: bool = False  # True: needs each token's own reward (N, L), Task.token_rewards
 
     def __init__(self, cfg: AdvantageConfig):
         cfg.validate()
@@ -53,11 +62,12 @@ class AdvantageEstimator(ABC):
 
     @abstractmethod
     def __call__(self, rewards: torch.Tensor, group_size: int, values: torch.Tensor | None = None,
-                 valid: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Advantages of all rows, (N,) or (N, K), and metrics to log.
+                 valid: torch.Tensor | None = None,
+                 token_rewards: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Advantages of all rows, (N,), (N, K) or (N, L), and metrics to log.
 
         rewards (N,); values (N, K) and valid (N, K) bool (the slots holding a selected step) only
-        for estimators with ``needs_values``.
+        for estimators with ``needs_values``; token_rewards (N, L) only with ``needs_token_rewards``.
         """
 
 
@@ -82,13 +92,13 @@ class GroupConfig(AdvantageConfig):
 class GroupAdvantage(AdvantageEstimator):
     config_class = GroupConfig
 
-    def __call__(self, rewards, group_size, values=None, valid=None):
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
         return centred(rewards, group_size), {}
 
 
 @ADVANTAGES.register("group_std")
 class GroupStdAdvantage(AdvantageEstimator):
-    def __call__(self, rewards, group_size, values=None, valid=None):
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
         return centred(rewards, group_size, self.cfg.eps), {}
 
 
@@ -101,8 +111,28 @@ class LOOConfig(AdvantageConfig):
 class LeaveOneOutAdvantage(AdvantageEstimator):
     config_class = LOOConfig
 
-    def __call__(self, rewards, group_size, values=None, valid=None):
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
         return centred(rewards, group_size) * (group_size / (group_size - 1)), {}
+
+
+@dataclass
+class PerTokenConfig(AdvantageConfig):
+    name: str = "per_token"
+
+
+@ADVANTAGES.register("per_token")
+class PerTokenAdvantage(AdvantageEstimator):
+    config_class = PerTokenConfig
+    needs_token_rewards = True
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        if token_rewards is None:
+            raise ValueError("advantage=per_token needs each token's reward (N, L)")
+        G = group_size
+        tr = token_rewards.float().view(-1, G, token_rewards.shape[-1])  # (N/G, G, L)
+        adv = (tr - tr.mean(1, keepdim=True)) / (tr.std(1, keepdim=True) + self.cfg.eps)  # (N/G, G, L)
+        adv = adv.reshape(token_rewards.shape)  # (N, L)
+        return adv, {"advantage/credited_token_frac": float((token_rewards != 0).float().mean())}
 
 
 @dataclass
@@ -130,7 +160,7 @@ class StepwiseAdvantage(AdvantageEstimator):
     cfg: StepwiseConfig
     needs_values = True
 
-    def __call__(self, rewards, group_size, values=None, valid=None):
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
         if values is None:
             raise ValueError("advantage=stepwise needs the greedy-completion values V (N, K)")
         c = self.cfg

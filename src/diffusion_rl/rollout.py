@@ -31,6 +31,7 @@ the returned object and are logged with its first inner update, with the sampler
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from torch import nn
 
 from diffusion_rl.advantages import AdvantageEstimator
 from diffusion_rl.distributed import Shard
+from diffusion_rl.errors import ConfigError
 from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
 from diffusion_rl.objectives.base import Objective, Rollout
 from diffusion_rl.sampling import SamplerConfig
@@ -50,14 +52,28 @@ from diffusion_rl.tasks.base import Task
 _GUMBEL_SALT = 0xA11
 
 
+@dataclass
+class RolloutConfig:
+    """``rollout:`` root keys."""
+
+    # DAPO's dynamic sampling: draw oversample x task.prompts_per_batch prompts, keep
+    # task.prompts_per_batch groups, those whose rewards differ first (a group whose G rewards agree
+    # has zero advantage and adds nothing but dilution); 1 = off
+    oversample: int = 1
+
+    def validate(self) -> None:
+        if self.oversample < 1:
+            raise ConfigError("rollout.oversample", self.oversample, "must be >= 1 (1 = off)")
+
+
 class RolloutEngine:
     """Turns task items into a :class:`Rollout`; holds no model of its own (the caller passes the
     behaviour policy), so the same engine serves a frozen copy or the policy itself."""
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
-                 sampler: SamplerConfig, seed: int = 0):
+                 sampler: SamplerConfig, seed: int = 0, oversample: int = 1):
         self.bundle, self.task, self.objective, self.advantage = bundle, task, objective, advantage
-        self.sampler, self.seed = sampler, seed
+        self.sampler, self.seed, self.oversample = sampler, seed, oversample
 
     @torch.no_grad()
     def __call__(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Rollout:
@@ -75,52 +91,95 @@ class RolloutEngine:
             traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values,
                                       variable_steps=self.sampler.decode != "fixed")
         completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj)
-        comp_mask = completion_mask(completion, eos)
+        n_generated = completion.shape[0]  # this process's rows, before dynamic sampling keeps some
+        generated = completion.numel() * shard.world_size  # tokens, before dynamic sampling keeps some
+        t_score = time.perf_counter()
+        texts = decode_completions(tok, completion, eos)
+        rewards, components = self.task.score(texts, group_items)  # (n,), {name: (n,)}
         metrics: dict[str, float] = {}
+        if self.oversample > 1:  # DAPO's dynamic sampling: keep the groups whose rewards differ
+            keep, metrics = self._keep_groups(rewards, G, shard)
+            ids, mask, completion, rewards = ids[keep], mask[keep], completion[keep], rewards[keep]
+            token_logp = None if token_logp is None else token_logp[keep]
+            components = {k: v[keep] for k, v in components.items()}
+            idx = keep.tolist()
+            texts, group_items = [texts[i] for i in idx], [group_items[i] for i in idx]
+            traj = None if traj is None else traj.select(keep)
+            n_kept = completion.shape[0]
+            shard = Shard(shard.rank, shard.world_size, shard.rank * n_kept)  # the kept rows, process-major
+        comp_mask = completion_mask(completion, eos)
         steps = None
         if traj is not None:
-            steps, metrics = self.objective.select_steps(traj, completion, comp_mask, eos, rollout_id, self.seed)
-        greedy, greedy_rows = self._greedy_completions(traj, steps, completion)
-        texts = decode_completions(tok, torch.cat([completion, greedy]), eos)
-        t_score = time.perf_counter()
-        total, components = self.task.score(texts, group_items + [group_items[b] for b in greedy_rows.tolist()])
-        n = completion.shape[0]
-        rewards = total[:n].to(device)  # (n,)
+            steps, step_metrics = self.objective.select_steps(traj, completion, comp_mask, eos, rollout_id, self.seed)
+            metrics.update(step_metrics)
+        rewards = rewards.to(device)
         all_rewards = shard.gather(rewards)  # (N,): a group may span processes
-        values = valid = None
-        if self.advantage.needs_values:
-            assert steps is not None
+        values = valid = token_rewards = None
+        if self.advantage.needs_token_rewards:  # each token's own share of its completion's reward
+            token_rewards = shard.gather(self._per_token(completion, group_items, self.task.token_rewards, 0.0))
+        if self.advantage.needs_values:  # the greedy one-step completions at the selected steps
+            assert traj is not None and steps is not None
+            greedy, greedy_rows = self._greedy_completions(traj, steps, completion)
+            greedy_rewards, _ = self.task.score(decode_completions(tok, greedy, eos),
+                                                [group_items[b] for b in greedy_rows.tolist()])
             valid = steps >= 0
             values_of = rewards.float()[:, None].expand(steps.shape).clone()  # unused slots: V = r(x_0)
-            values_of[valid] = total[n:].to(values_of)
+            values_of[valid] = greedy_rewards.to(values_of)
             values, valid = shard.gather(values_of), shard.gather(valid)
         metrics["time/score_s"] = time.perf_counter() - t_score
-        adv, adv_metrics = self.advantage(all_rewards, G, values, valid)
+        adv, adv_metrics = self.advantage(all_rewards, G, values, valid, token_rewards)
         metrics.update(adv_metrics)
         t_roll = time.perf_counter() - t0
         group_std = all_rewards.view(-1, G).std(-1)
         lengths = shard.gather(comp_mask.sum(-1))  # (N,)
         ent = shard.all_reduce_sum(entropy)
+        metrics.setdefault("train/frac_zero_std_groups", (group_std < 1e-6).float().mean().item())
         metrics.update({
             "train/reward": all_rewards.mean().item(),
             "train/reward_std": all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
-            "train/frac_zero_std_groups": (group_std < 1e-6).float().mean().item(),
             "train/completion_len": lengths.float().mean().item(),
             "train/entropy": float(ent[0] / ent[1].clamp_min(1)),
             "time/rollout_s": t_roll,
-            "throughput/tokens_per_s": completion.numel() * shard.world_size / max(t_roll, 1e-9),
+            "throughput/tokens_per_s": generated / max(t_roll, 1e-9),
         })
-        metrics.update(cost_metrics(cost, n, completion.shape[1]))
+        metrics.update(cost_metrics(cost, n_generated, completion.shape[1]))
         if shard.world_size > 1:  # per-process metrics of the selection and cost: mean over equal shares
             keys = [k for k in metrics if k.startswith(("egspo/", "rollout/"))]
             vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
             metrics.update(zip(keys, (vals / shard.world_size).tolist()))
         return Rollout(
             rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
-            completion_mask=comp_mask, texts=texts[:n], items=group_items, rewards=rewards, all_rewards=all_rewards,
-            reward_components={k: v[:n] for k, v in components.items()}, advantages=adv[rows], shard=shard,
+            completion_mask=comp_mask, texts=texts, items=group_items, rewards=rewards, all_rewards=all_rewards,
+            reward_components=components, advantages=adv[shard.rows(adv.shape[0])], shard=shard,
             trajectory=traj, selected_steps=steps, metrics=metrics, sampler_logp=token_logp,
+            loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
+                       if self.task.cfg.loss_mask == "reward" else None),
         )
+
+    def _keep_groups(self, rewards: torch.Tensor, G: int, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
+        """Rows of the ``1 / oversample`` share of this process's groups to train on: groups whose
+        rewards differ first (in the order drawn), then the others. Groups never span processes here."""
+        n = rewards.shape[0]
+        if n % (G * self.oversample):
+            raise ConfigError("rollout.oversample", self.oversample,
+                              f"each process's {n} rows must hold whole groups of {G}, oversample times")
+        spread = rewards.float().view(-1, G).std(-1) > 1e-6  # (n / G,)
+        order = torch.cat([spread.nonzero()[:, 0], (~spread).nonzero()[:, 0]])[: n // G // self.oversample]
+        keep = (order.sort().values[:, None] * G + torch.arange(G)).reshape(-1)  # (n / oversample,)
+        stats = shard.all_reduce_sum(torch.tensor([float((~spread).sum()), float(spread.numel())], dtype=torch.float64))
+        return keep, {"train/frac_zero_std_groups": float(stats[0] / stats[1]),  # of every group drawn
+                      "rollout/kept_zero_std_frac": float((~spread[order]).float().mean())}
+
+    def _per_token(self, completion: torch.Tensor, items: list[dict[str, Any]], fn, default: float) -> torch.Tensor:
+        """(n, L) float of a task's per-token function of the decoded tokens (``reward_token_mask``,
+        ``token_rewards``); ``default`` where the task returns None."""
+        out = torch.full(completion.shape, default, dtype=torch.float32, device=completion.device)
+        tok = self.bundle.tokenizer
+        for b, (row, item) in enumerate(zip(completion.tolist(), items)):
+            values = fn(item, tok.batch_decode([[t] for t in row]))  # each token's text, in order
+            if values is not None:
+                out[b] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+        return out
 
     def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
                   recorder: TrajectoryRecorder | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

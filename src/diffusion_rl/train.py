@@ -27,6 +27,7 @@ from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, check_cache_support
 from diffusion_rl.objectives import OBJECTIVES, Objective
+from diffusion_rl.rollout import RolloutConfig
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import check_block_sampler
 from diffusion_rl.tasks import TASKS, Task, TaskDataModule
@@ -72,7 +73,8 @@ class TrainerConfig:
 class EvalConfig:
     before: bool = True  # held-out metrics of the warm start
     after: bool = True  # and of the trained policy
-    every_n_steps: int = 50  # and every n optimizer steps during RL (eval/* in metrics.csv); 0 = never
+    # and every n optimizer steps during RL, on the validation split (val/* in metrics.csv); 0 = never
+    every_n_steps: int = 50
     batch_size: int = 256
     # evaluate with the rollout sampler's fewer-forward options (sampler.decode, cache, stop_after_eos);
     # false: the exact sampler of SPEC §2, so runs with different rollout samplers share one protocol
@@ -105,6 +107,7 @@ class RunConfig:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # stands in for the papers' SFT
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
         if self.old_policy not in OLD_POLICIES:
@@ -178,7 +181,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     c = build(cfg)
     fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
     check_loggers(cfg)
-    datamodule = TaskDataModule(c.task)
+    datamodule = TaskDataModule(c.task, c.run.rollout.oversample)
     datamodule.setup()  # reads the task's files: a missing file or a bad row stops here, in one line
     test_items = datamodule.test_items()
     # ckpt_path=last | a run folder | a file; a missing or corrupt one stops here, before any work
@@ -186,7 +189,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     progress = c.trainer.enable_progress_bar
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
     eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
-    periodic = PeriodicEval(c.task, test_items, eval_sampler, c.run.eval.batch_size, c.run.eval.every_n_steps)
+    periodic = PeriodicEval(c.task, test_items, eval_sampler, c.run.eval.batch_size, c.run.eval.every_n_steps,
+                            periodic_items=datamodule.validation_items())
     ckpt_cb = RunCheckpoint(
         dirpath=run_dir / "checkpoints", save_last=True, save_top_k=-1 if c.trainer.checkpoint_every_n_steps else 0,
         every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
@@ -210,7 +214,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                                             "evaluating before RL" if progress else None)
             periodic.before = summary["before"] if ckpt is None else None  # a resumed run logged it already
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
-                                   old_policy=c.run.old_policy)
+                                   old_policy=c.run.old_policy, oversample=c.run.rollout.oversample)
         module.warm_start = provenance
         module.run_config = config  # type: ignore[assignment]
         t_fit = time.perf_counter()
@@ -231,6 +235,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
                     "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
                     "num_test_items": len(test_items), "metric_definitions": c.task.metric_definitions(),
+                    "validation": periodic.history,
                     "fit_s": fit_s, "wall_s": time.perf_counter() - t_start})
     with open(run_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2, default=str)

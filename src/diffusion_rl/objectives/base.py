@@ -40,6 +40,7 @@ import torch
 
 from diffusion_rl.distributed import Shard
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.objectives.behaviour import BEHAVIOUR_CORRECTIONS, mismatch_metrics, tis_weights
 from diffusion_rl.registry import Registry
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
@@ -48,6 +49,7 @@ OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
 
 Forward = Callable[..., torch.Tensor]  # (ids, attention_mask[, position_ids]) -> logits (B, T, V)
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+_FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share_masks_with_old=false)
 
 
 @dataclass
@@ -59,6 +61,11 @@ class ObjectiveConfig:
     # weight of the k3 KL to the reference policy, the warm start (d1: 0.04; 0 holds no reference
     # model). The Sudoku reward ignores the given cells: without this anchor their copying drifts
     beta: float = 0.04
+    # objectives whose estimator draws random masks (one_step with prompt masking, elbo, staircase):
+    # true scores the old and the new policy on the same masks, so the log-ratio is exactly 0 at
+    # theta = theta_old; false draws fresh masks for the new policy, the StableDRL code's regime of
+    # largest ratio noise (SPEC §3)
+    share_masks_with_old: bool = True
     # rollouts from an approximate sampler (sampler.cache, ...): none | tis (truncated importance
     # weights min(pi_old / q_sampler, tis_cap) per unit of the ratio; objectives/behaviour.py)
     behaviour_correction: str = "none"
@@ -100,9 +107,16 @@ class Rollout:
     trajectory: TrajectoryRecorder | None = None  # the sampler's recorded steps (EGSPO)
     selected_steps: torch.Tensor | None = None  # (n, K) steps an objective trains on, -1 = unused slot
     metrics: dict[str, float] = field(default_factory=dict)  # logged with the first inner update
+    loss_mask: torch.Tensor | None = None  # (n, L) 1 = a token the reward reads (task.loss_mask=reward)
     # (n, L) the sampler's temperature-1 log-prob of each completion token, from the logits it was
     # committed with (0 where filled without a forward); None: not recorded (no mismatch, no TIS)
     sampler_logp: torch.Tensor | None = None
+
+    @property
+    def scored_mask(self) -> torch.Tensor:
+        """(n, L) the tokens the policy gradient acts on: up to the first EOS and, with
+        ``task.loss_mask=reward``, read by the reward."""
+        return self.completion_mask if self.loss_mask is None else self.completion_mask * self.loss_mask
 
 
 @dataclass
@@ -227,6 +241,14 @@ class Objective(ABC):
         ``role`` is ``"policy"`` (with gradients), ``"old"`` (the behaviour policy) or ``"ref"``
         (the reference), so an objective can pick each one's Monte Carlo masks and caches.
         """
+
+    def mask_seeds(self, ctx: StepContext, role: str) -> list[int]:
+        """Mask seeds of this inner iteration for ``role``: the old policy's, or the new (and the
+        reference) policy's, which are the old one's unless ``share_masks_with_old`` is false."""
+        ro = ctx.rollout
+        fresh = role != "old" and not self.cfg.share_masks_with_old
+        return mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0],
+                          ctx.inner_iter + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
 
     def old_values(self, ctx: StepContext) -> torch.Tensor:
         """What inner update ``ctx.inner_iter`` needs from the behaviour policy ``ctx.old_policy``:

@@ -147,6 +147,9 @@ class EGSPO(Objective):
         N, Kp = steps.shape
         rows = valid.reshape(-1).nonzero()[:, 0]  # only real (sample, step) pairs go through the model
         states, committed = traj.states_at(steps.clamp_min(0))  # (N*K', P+L)
+        if ro.loss_mask is not None:  # only the tokens the reward reads count in a step's log-prob
+            keep = torch.cat([torch.ones_like(ro.prompt_mask), ro.loss_mask.to(ro.prompt_mask.dtype)], 1).bool()
+            committed = committed & keep.repeat_interleave(Kp, 0)
         tokens = traj.final.repeat_interleave(Kp, 0)  # type: ignore[union-attr]
         attn = None
         if not bool(ro.prompt_mask.all()):  # as the sampler: an attention mask only with padding

@@ -14,11 +14,11 @@ otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.objectives.base import (
     OBJECTIVES,
     Forward,
@@ -36,9 +36,15 @@ class GRPOConfig(ObjectiveConfig):
     name: str = "grpo"
     eps: float = 0.5  # d1's clip range: rho in [1 - eps, 1 + eps_high]
     eps_high: float = 0.5
+    # the tokens the KL anchor covers (per-token estimators): completion (every token up to EOS) |
+    # ignored (only those the reward ignores, with task.loss_mask=reward: it holds the Sudoku givens
+    # the model copies without pulling the empty cells back to the warm start's answers)
+    kl_tokens: str = "completion"
 
     def validate(self) -> None:
         super().validate()
+        if self.kl_tokens not in ("completion", "ignored"):
+            raise ConfigError("objective.kl_tokens", self.kl_tokens, "allowed: completion, ignored")
         if not 0 < self.eps < 1:
             raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
         if self.eps_high <= 0:
@@ -69,12 +75,23 @@ def grpo_loss(
 @OBJECTIVES.register("grpo")
 class GRPO(Objective):
     config_class = GRPOConfig
+    cfg: GRPOConfig
     policy_loss = staticmethod(grpo_loss)
+    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "per_token")
+
+    def check_advantage(self, name: str) -> None:
+        super().check_advantage(name)
+        if name == "per_token" and not self.likelihood.per_token:
+            raise ConfigError("advantage.name", name, "needs a per-token likelihood (likelihood=one_step)")
 
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro = ctx.rollout
-        seeds = mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0], ctx.inner_iter, ro.shard.offset)
-        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, seeds)
+        seeds = self.mask_seeds(ctx, role)
+        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask, seeds)
         if logp.dim() == 1:  # a sequence-level estimator (ELBO): one unit per sequence
             return Scores(logp[:, None], torch.ones_like(logp)[:, None])
-        return Scores(logp, ro.completion_mask)
+        # the policy gradient acts on the tokens the reward reads; the KL anchor on kl_tokens
+        kl_mask = ro.completion_mask
+        if self.cfg.kl_tokens == "ignored" and ro.loss_mask is not None:
+            kl_mask = ro.completion_mask * (1 - ro.loss_mask)
+        return Scores(logp, ro.scored_mask, kl_logp=logp, kl_mask=kl_mask)

@@ -10,6 +10,8 @@ generator | None) -> indices (B, K)`` registered in :data:`SELECTORS` (``objecti
   generator; in increasing step order.
 - ``uniform``: ``K`` evenly spaced candidate steps ending at the last one (``n`` candidates: the
   ``floor((k + 1) n / K) - 1``-th, e.g. steps 15, 31, ..., 127 for ``n = 128, K = 8``).
+- ``low_entropy`` (an ablation, the opposite of EGSPO's rule): the ``K`` candidate steps of lowest
+  entropy, lowest first. The paper's bound predicts it approximates the full gradient worst.
 
 ``candidates`` restricts the choice (``stop_at_last_content``: steps up to the last one that committed
 a token of the answer, :func:`steps_up_to`); ``None`` means all steps. A sample with fewer than ``K``
@@ -47,15 +49,24 @@ def _pad(rows: list[torch.Tensor], K: int, device: torch.device) -> torch.Tensor
 
 @SELECTORS.register("entropy")
 def select_entropy(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """Top-``K`` candidate steps by entropy, highest first. (B, T) -> (B, K)"""
+                   generator: torch.Generator | None = None, lowest: bool = False) -> torch.Tensor:
+    """Top-``K`` candidate steps by entropy, highest first (``lowest``: bottom-``K``, lowest first).
+    (B, T) -> (B, K)"""
     cand = _candidates(entropies, candidates)
-    score = entropies.float().masked_fill(~cand, float("-inf"))  # (B, T)
-    order = score.argsort(dim=-1, descending=True, stable=True)[:, :K]  # (B, min(K, T))
+    fill = float("inf") if lowest else float("-inf")
+    score = entropies.float().masked_fill(~cand, fill)  # (B, T)
+    order = score.argsort(dim=-1, descending=not lowest, stable=True)[:, :K]  # (B, min(K, T))
     ok = cand.gather(-1, order)
     idx = torch.full((entropies.shape[0], K), -1, dtype=torch.long, device=entropies.device)
     idx[:, : order.shape[1]] = order.masked_fill(~ok, -1)
     return idx
+
+
+@SELECTORS.register("low_entropy")
+def select_low_entropy(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Bottom-``K`` candidate steps by entropy, lowest first. (B, T) -> (B, K)"""
+    return select_entropy(entropies, K, candidates, generator, lowest=True)
 
 
 @SELECTORS.register("random")

@@ -42,13 +42,13 @@ read from a public SPG-based implementation of it (not verified against every re
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import torch
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.elbo import ELBOEstimator, eubo_from_logps
 from diffusion_rl.objectives.base import (
     OBJECTIVES,
@@ -60,7 +60,7 @@ from diffusion_rl.objectives.base import (
     ratio_metrics,
 )
 
-_FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share=false)
+log = logging.getLogger(__name__)
 _LOG_W_MAX = 80.0  # exp(80) ~ 5.5e34: keeps the unnormalised group_size weights finite in float32
 
 
@@ -71,7 +71,6 @@ class StableDRLConfig(ObjectiveConfig):
     eps: float = 5.0  # the paper's best trade-off; 100 or 1000 bring the collapse back
     clip: str = "paper"  # paper | cap | none
     normalize: str = "self"  # self | group_size
-    share_masks_with_old: bool = True  # false: fresh masks for the new policy (the public code)
     surrogate: str = "elbo"  # elbo | spg_mix
     eubo_beta: float = 1.5  # spg_mix only
     mix_weight: float = 0.5  # spg_mix only: weight of the EUBO for A <= 0
@@ -153,6 +152,11 @@ class StableDRL(Objective):
 
     def __init__(self, cfg: StableDRLConfig, likelihood):
         super().__init__(cfg, likelihood)
+        if cfg.mu == 1 and cfg.share_masks_with_old and cfg.clip != "none":
+            log.warning("objective.eps=%g cannot act: with mu=1 and masks shared with the old policy every "
+                        "log-ratio is exactly 0. Clipping acts with fresh masks (objective.share_masks_with_old="
+                        "false) or several inner updates (objective.mu > 1); the report shows the clipped share",
+                        cfg.eps)
         if likelihood.per_token:
             raise ConfigError("likelihood.name", likelihood.cfg.name,
                               "StableDRL needs a sequence-level estimator: elbo or staircase")
@@ -163,18 +167,10 @@ class StableDRL(Objective):
                 raise ConfigError("likelihood.weighting", likelihood.cfg.weighting,
                                   "objective.surrogate=spg_mix needs likelihood.weighting=mean (the SPG code's scale)")
 
-    def seeds(self, ctx: StepContext, role: str) -> list[int]:
-        """Mask seeds of this inner iteration: the old policy's, or the new (and reference) policy's."""
-        ro = ctx.rollout
-        n = ro.completion_ids.shape[0]
-        fresh = role != "old" and not self.cfg.share_masks_with_old
-        return mask_seeds(ctx.run_seed, ro.rollout_id, n, ctx.inner_iter + (_FRESH_MASKS if fresh else 0),
-                          ro.shard.offset)
-
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro, c = ctx.rollout, self.cfg
-        data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
-        s = self.likelihood.sample(forward, *data, self.seeds(ctx, role))
+        data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask)
+        s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role))
         elbo = self.likelihood.reduce(s)  # (n,)
         surrogate = None
         if role == "policy" and c.surrogate == "spg_mix":

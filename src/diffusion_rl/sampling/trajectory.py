@@ -121,6 +121,20 @@ class TrajectoryRecorder:
         """(B, T) int16 number of tokens committed at each step."""
         return torch.stack(self._counts, 1)
 
+    def select(self, rows: torch.Tensor) -> TrajectoryRecorder:
+        """A recorder holding only the samples ``rows`` (B',) long, in that order (dynamic sampling)."""
+        assert self.final is not None and self.commit_step is not None
+        out = TrajectoryRecorder(self.mask_id, self.record_greedy, self.variable_steps)
+        out.num_steps, out.final, out.commit_step = self.num_steps, self.final[rows], self.commit_step[rows]
+        out._logps = [v[rows] for v in self._logps]
+        out._entropies = [v[rows] for v in self._entropies]
+        out._counts = [v[rows] for v in self._counts]
+        for s, flat in enumerate(self._greedy):  # flat over the masked positions before s, row-major
+            per_row = (self.state_before(s) == self.mask_id).sum(-1).tolist()
+            parts = flat.split(per_row)
+            out._greedy.append(torch.cat([parts[r] for r in rows.tolist()]) if rows.numel() else flat[:0])
+        return out
+
     # ---- reconstruction -----------------------------------------------------------------
     def _check(self, s: int, upper: int) -> None:
         if self.commit_step is None:

@@ -10,11 +10,13 @@ completion ``failure_reward`` instead of killing the run.
 
 from __future__ import annotations
 
+import functools
 import logging
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[..., list[float]]
 GENERATED_NUM_TEST = 256  # test items a task generates (Sudoku, Countdown) when task.num_test is null
 TASKS: Registry[type[Task]] = Registry("task.name")
+LOSS_MASKS = ("all", "reward")
 
 
 
@@ -43,9 +46,15 @@ class TaskConfig:
     # held-out items to evaluate: null = every item of task.data_path (or of the hub's test split),
     # and GENERATED_NUM_TEST where the task generates its test set; a number caps either
     num_test: int | None = None
+    # validation items (tuning, eval.every_n_steps): disjoint from train and test. A task with a
+    # natural validation split uses it; otherwise a seeded subset of the training pool is held out
+    num_val: int = 256
     eval_batch_size: int = 128
     data_path: str | None = None  # local file instead of generated / hub data
     failure_reward: float = 0.0  # reward of a completion whose reward function raised
+    # all: every completion token gets policy gradient | reward: only the tokens the reward reads
+    # (Task.reward_token_mask; e.g. Sudoku's empty cells, not the givens the model copies)
+    loss_mask: str = "all"
     seed: int = 0
 
     def validate(self) -> None:
@@ -57,11 +66,21 @@ class TaskConfig:
             raise ConfigError("task.num_test", self.num_test, "must be >= 1, or null (every item of a file)")
         if self.eval_batch_size < 1:
             raise ConfigError("task.eval_batch_size", self.eval_batch_size, "must be >= 1")
+        if self.num_val < 0:
+            raise ConfigError("task.num_val", self.num_val, "must be >= 0 (0 = no validation split)")
+        if self.loss_mask not in LOSS_MASKS:
+            raise ConfigError("task.loss_mask", self.loss_mask, f"allowed: {', '.join(LOSS_MASKS)}")
 
     @property
     def generated_num_test(self) -> int:
         """How many test items to generate (or hold out of a training split)."""
         return self.num_test if self.num_test is not None else GENERATED_NUM_TEST
+
+
+class Splits(NamedTuple):
+    train: list[dict[str, Any]]  # what the warm start and RL use
+    validation: list[dict[str, Any]]  # tuning and evaluations during training
+    test: list[dict[str, Any]]  # what reports quote
 
 
 # metrics every evaluation reports besides the task's own
@@ -87,11 +106,36 @@ class Task(ABC):
     # ---- data ---------------------------------------------------------------------------
     @abstractmethod
     def train_items(self) -> list[dict[str, Any]]:
-        """Items for RL and the warm start; disjoint from :meth:`test_items`."""
+        """The training pool; disjoint from :meth:`test_items`. Training uses ``splits.train``."""
 
     @abstractmethod
     def test_items(self) -> list[dict[str, Any]]:
         """Held-out items for evaluation: all of ``task.data_path`` unless ``cfg.num_test`` caps them."""
+
+    def validation_items(self) -> list[dict[str, Any]] | None:
+        """A natural validation split (disjoint from train and test), or None: :attr:`splits` then
+        holds out ``num_val`` seeded items of the training pool."""
+        return None
+
+    @functools.cached_property
+    def splits(self) -> Splits:
+        """Train / validation / test items, pairwise disjoint, computed once."""
+        pool, test, val = self.train_items(), self.test_items(), self.validation_items()
+        if val is not None:
+            return Splits(pool, val[: self.cfg.num_val], test)
+        n_val = min(self.cfg.num_val, len(pool) // 10)  # never more than a tenth of the pool
+        held = set(random.Random(f"{self.cfg.name}/validation/{self.cfg.seed}").sample(range(len(pool)), n_val))
+        return Splits([it for i, it in enumerate(pool) if i not in held], [pool[i] for i in sorted(held)], test)
+
+    def reward_token_mask(self, item: dict[str, Any], tokens: list[str]) -> list[bool] | None:
+        """Which completion tokens (their decoded texts, in order) the reward reads, for
+        ``task.loss_mask=reward``; None: all of them (the default for tasks that do not say)."""
+        return None
+
+    def token_rewards(self, item: dict[str, Any], tokens: list[str]) -> list[float] | None:
+        """The reward earned by each completion token, summing to the completion's reward, for
+        ``advantage=per_token``; None: the reward does not split over tokens (the default)."""
+        return None
 
     @abstractmethod
     def prompt(self, item: dict[str, Any]) -> str:
@@ -195,16 +239,15 @@ def _collate(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class TaskDataModule(L.LightningDataModule):
     """Serves batches of ``prompts_per_batch`` training items (shuffled by a seeded generator)."""
 
-    def __init__(self, task: Task):
+    def __init__(self, task: Task, oversample: int = 1):
         super().__init__()
-        self.task = task
+        self.task, self.oversample = task, oversample  # prompts per step: prompts_per_batch x oversample
         self._train: list[dict[str, Any]] | None = None
         self._test: list[dict[str, Any]] | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self._train is None:
-            self._train = self.task.train_items()
-            self._test = self.task.test_items()
+            self._train, _, self._test = self.task.splits
             if not self._train:
                 raise ConfigError("task", self.task.cfg.name, "has no training items")
 
@@ -213,9 +256,9 @@ class TaskDataModule(L.LightningDataModule):
         assert self._train is not None
         return ResumableLoader(
             _Items(self._train),
-            batch_size=self.task.cfg.prompts_per_batch,
+            batch_size=self.task.cfg.prompts_per_batch * self.oversample,
             seed=self.task.cfg.seed,
-            drop_last=len(self._train) >= self.task.cfg.prompts_per_batch,
+            drop_last=len(self._train) >= self.task.cfg.prompts_per_batch * self.oversample,
             collate_fn=_collate,
         )
 
@@ -223,4 +266,7 @@ class TaskDataModule(L.LightningDataModule):
         self.setup()
         assert self._test is not None
         return self._test
+
+    def validation_items(self) -> list[dict[str, Any]]:
+        return self.task.splits.validation
 

@@ -263,6 +263,17 @@ class CountdownTask(TextTask):
         items = [it for it in items if instance_key(it) not in exclude]
         return seeded_subset(items, cfg.num_train, f"countdown/train/{cfg.seed}")
 
+    def validation_items(self) -> list[dict[str, Any]] | None:
+        """Generated data: fresh instances from their own seed, none a training or test instance (the
+        training pool stays what it is without a validation split); files and the hub: None (a
+        seeded share of the training pool is held out, see :attr:`Task.splits`)."""
+        cfg = self.cfg
+        if cfg.source != "generate" or cfg.train_data_path:
+            return None
+        exclude = {instance_key(it) for it in (*self._train, *self._test)}
+        return generate_instances(cfg.num_val, f"countdown/validation/{cfg.seed}", cfg.min_number,
+                                  cfg.max_number, cfg.min_target, cfg.max_target, exclude)
+
     # ---- prompts and answers ------------------------------------------------------------------
     def fields(self, item: dict[str, Any]) -> dict[str, str]:
         numbers = list(item["numbers"])

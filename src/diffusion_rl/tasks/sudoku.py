@@ -41,6 +41,29 @@ _PEERS: tuple[frozenset[int], ...] = tuple(
 )
 
 
+# ---- the answer's cells, token by token -----------------------------------------------------------
+def answer_cells(tokens: list[str]) -> list[list[tuple[int, str]]]:
+    """The ``(cell, digit)`` pairs each token supplies, as the reward reads them: the ASCII digits of
+    the last ``<answer>`` block (else of the whole text), in order, cells 0-15; tokens outside that
+    block supply none."""
+    text = "".join(tokens)
+    start = text.rfind("<answer>")
+    start = start + len("<answer>") if start >= 0 else 0
+    end = text.find("</answer>", start) if start else -1
+    end = end if end >= 0 else len(text)
+    out, cell, pos = [], 0, 0
+    for tok in tokens:
+        pairs = []
+        for offset, ch in enumerate(tok):
+            if ch in DIGITS and start <= pos + offset < end:
+                if cell < N_CELLS:
+                    pairs.append((cell, ch))
+                cell += 1
+        out.append(pairs)
+        pos += len(tok)
+    return out
+
+
 # ---- grids and puzzles -------------------------------------------------------------------------
 @functools.cache
 def _all_grids() -> tuple[str, ...]:
@@ -245,7 +268,8 @@ class SudokuTask(Task):
             )
         return grids
 
-    def train_items(self) -> list[dict[str, Any]]:
+    @functools.cached_property
+    def _train_pool(self) -> list[dict[str, Any]]:
         rng = random.Random(self.cfg.seed)
         grids = self.train_grids()
         cfg = self.cfg
@@ -257,21 +281,51 @@ class SudokuTask(Task):
             )
         return items
 
+    def train_items(self) -> list[dict[str, Any]]:
+        return list(self._train_pool)
+
     def test_items(self) -> list[dict[str, Any]]:
         if self._csv_items is not None:
             return [dict(it) for it in self._csv_items[: self.cfg.num_test]]
+        test_grids = split_grids(self.cfg.seed, self.cfg.test_fraction)[1]
+        return self._held_out(test_grids, self.cfg.generated_num_test, "test")
+
+    def validation_items(self) -> list[dict[str, Any]]:
+        """Fresh puzzles of the training grids, none of them a training or test puzzle: the test set
+        alone holds out whole grids (288 grids leave too few for a third grid-level split), and the
+        training pool is the one it would be without a validation split."""
+        exclude = {it["puzzle"] for it in self._train_pool} | {it["puzzle"] for it in self.test_items()}
+        return self._held_out(self.train_grids(), self.cfg.num_val, "validation", exclude)
+
+    def _held_out(self, grids: list[str], n: int, split: str, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
         cfg = self.cfg
-        grids = split_grids(cfg.seed, cfg.test_fraction)[1]
-        rng = random.Random(f"sudoku/test/{cfg.seed}")  # independent of the training stream
+        rng = random.Random(f"sudoku/{split}/{cfg.seed}")  # independent of the training stream
         seen: dict[str, str] = {}
         # Distinct puzzles where possible; a tiny grid set / givens range may allow fewer.
-        n = cfg.generated_num_test
         for _ in range(50 * n):
             if len(seen) == n:
                 break
             grid = rng.choice(grids)
-            seen.setdefault(make_puzzle(grid, rng, cfg.min_givens, cfg.max_givens), grid)
+            puzzle = make_puzzle(grid, rng, cfg.min_givens, cfg.max_givens)
+            if puzzle not in exclude:
+                seen.setdefault(puzzle, grid)
         return [{"puzzle": p, "solution": s} for p, s in seen.items()]
+
+    def reward_token_mask(self, item: dict[str, Any], tokens: list[str]) -> list[bool]:
+        """The reward reads the digits of the answer as cells: a token that is one digit landing on a
+        given cell is ignored (another digit there changes nothing); every other token counts (a
+        missing or extra digit shifts the cells after it)."""
+        puzzle = item["puzzle"]
+        return [not (len(tok) == 1 and len(pairs) == 1 and puzzle[pairs[0][0]] != "0")
+                for tok, pairs in zip(tokens, answer_cells(tokens), strict=True)]
+
+    def token_rewards(self, item: dict[str, Any], tokens: list[str]) -> list[float]:
+        """Each token earns ``1 / (number of empty cells)`` per empty cell it fills with the solution's
+        digit: the sum over tokens is the cell reward (a puzzle with no empty cell scores 1 whatever
+        is written, and no token earns anything)."""
+        puzzle, solution = item["puzzle"], item["solution"]
+        empty = sum(c == "0" for c in puzzle) or 1
+        return [sum(puzzle[k] == "0" and d == solution[k] for k, d in pairs) / empty for pairs in answer_cells(tokens)]
 
     def prompt(self, item: dict[str, Any]) -> str:
         return f"{item['puzzle']}="

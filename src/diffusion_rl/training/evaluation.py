@@ -51,44 +51,63 @@ def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: S
 
 
 class PeriodicEval(L.Callback):
-    """Held-out metrics as ``eval/<metric>`` rows: the warm start's at step 0 (``before``), every
-    ``every_n_steps`` optimizer steps, and the final policy's (:meth:`record`, called by ``train``).
+    """Held-out metrics during training: the warm start's at step 0 (``before``) and the final
+    policy's (:meth:`record`, called by ``train``) on the test items as ``eval/<metric>``; every
+    ``every_n_steps`` optimizer steps (and at step 0) on the validation split (``periodic_items``)
+    as ``val/<metric>``, so curves and tuning never read the test set. Greedy decoding draws no
+    random numbers: an evaluated run trains exactly as one that is not.
 
     Evaluates on the first process only when a single process trains (the weights are whole there);
     with several processes it evaluates before and after RL only.
     """
 
     def __init__(self, task, items: list[dict[str, Any]], sampler: SamplerConfig, batch_size: int,
-                 every_n_steps: int, before: dict[str, float] | None = None):
+                 every_n_steps: int, before: dict[str, float] | None = None,
+                 periodic_items: list[dict[str, Any]] | None = None):
         self.task, self.items, self.sampler, self.batch_size = task, items, sampler, batch_size
         self.every_n_steps, self.before = every_n_steps, before
+        self.periodic_items = items if periodic_items is None else periodic_items
+        self.prefix = "eval" if periodic_items is None else "val"
         self.logged_step = -1  # rides in checkpoints: a resumed run evaluates at the same steps
+        self.history: list[dict[str, float]] = []  # the periodic rows: {"step": s, "val/<metric>": v}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"logged_step": self.logged_step}
+        return {"logged_step": self.logged_step, "history": self.history}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.logged_step = int(state_dict.get("logged_step", -1))
+        self.history = list(state_dict.get("history", []))
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.before is not None and trainer.global_step == 0:  # a resumed run logged it already
-            self.record(trainer, self.before)
+        if trainer.global_step == 0:  # a resumed run logged these already
+            if self.before is not None:
+                self.record(trainer, self.before)
+            if self.every_n_steps:
+                self._periodic(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, every = trainer.global_step, self.every_n_steps
         if not every or step // every <= self.logged_step // every or trainer.world_size > 1:
             return
-        metrics, _ = evaluate(pl_module.bundle, self.task, self.items, self.sampler, self.batch_size, desc=None)
-        self.record(trainer, metrics)
+        self._periodic(trainer, pl_module)
 
-    def record(self, trainer, metrics: dict[str, float]) -> None:
-        """``eval/<metric>`` at the current optimizer step (once per step), written to disk now."""
+    def _periodic(self, trainer, pl_module) -> None:
+        if trainer.world_size > 1 or not self.periodic_items:
+            return
+        metrics, _ = evaluate(pl_module.bundle, self.task, self.periodic_items, self.sampler, self.batch_size, desc=None)
+        self.record(trainer, metrics, self.prefix)
+
+    def record(self, trainer, metrics: dict[str, float], prefix: str = "eval") -> None:
+        """``<prefix>/<metric>`` at the current optimizer step, written to disk now."""
         step = trainer.global_step
-        if step == self.logged_step or not trainer.is_global_zero:
+        if not trainer.is_global_zero:
             return
         self.logged_step = step
+        row = {f"{prefix}/{k}": float(v) for k, v in metrics.items()}
+        if prefix != "eval":
+            self.history.append({"step": float(step), **row})
         for logger in trainer.loggers:
-            logger.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()}, step=step)
+            logger.log_metrics(row, step=step)
             logger.save()
 
 

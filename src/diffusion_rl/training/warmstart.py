@@ -94,7 +94,7 @@ def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig
         bundle.net.load_state_dict(blob["state_dict"])
         log.info("warm start loaded from cache %s", path)
         return {"key": key, "path": str(path), "cached": True, "steps": cfg.steps}
-    items = task.train_items()
+    items = task.splits.train
     gen = torch.Generator().manual_seed(cfg.seed)
     net = bundle.net
     net.train()
