@@ -21,7 +21,7 @@ from diffusion_rl.rewards.d1_eval import (
 )
 
 from .conftest import SHARED_DATA
-from .test_benchmarks import compose_eval, make_task
+from .test_text_tasks import compose_eval, make_task
 
 D1_DATA = SHARED_DATA / "d1_llada_eval"
 GRID = "4321124334122134"

@@ -11,7 +11,7 @@ import pytest
 from diffusion_rl.rewards import d1_rewards as d1
 from diffusion_rl.rewards import gsm8k as ours
 
-from .test_benchmarks import make_task
+from .test_text_tasks import make_task
 
 ONE_LINE = "<reasoning>\n9 - 2 = 7\n</reasoning>\n<answer>\n7\n</answer>\n"
 MULTI_LINE = "<reasoning>\n9 - 2\n= 7\n</reasoning>\n<answer>\n7\n</answer>\n"

@@ -1,6 +1,7 @@
 """EGSPO: trajectory recording and reconstruction, step selectors, stepwise likelihood, losses."""
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -408,3 +409,25 @@ def test_low_entropy_selector_is_the_mirror_of_entropy():
     assert SELECTORS.get("low_entropy")(H, 3).tolist() == [[0, 4, 2]]
     assert SELECTORS.get("low_entropy")(H, 2, steps_up_to(torch.tensor([1]), 6)).tolist() == [[0, 1]]
     assert SELECTORS.get("low_entropy")(H, 3, steps_up_to(torch.tensor([0]), 6)).tolist() == [[0, -1, -1]]
+
+
+def test_gradient_fidelity_report_says_whether_the_bound_held():
+    """scripts/egspo_gradient_fidelity.py states its answer from the measured order of the selectors."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "egspo_gradient_fidelity.py"
+    spec = importlib.util.spec_from_file_location("egspo_gradient_fidelity", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def seed(**cos):
+        return {"selectors": {n: {"cosine": c} for n, c in cos.items()}}
+
+    held = [seed(entropy=0.8, random=0.6, uniform=0.7, low_entropy=0.0),
+            seed(entropy=0.5, random=0.6, uniform=0.55, low_entropy=-0.1)]
+    text = mod.answer(held)
+    assert text.startswith("The prediction held") and "entropy > uniform > random > low_entropy" in text
+    assert "closest in 1 of 2 seeds" in text
+    assert mod.answer([seed(entropy=0.5, random=0.9, uniform=0.7, low_entropy=0.1)]).startswith(
+        "The prediction did not hold")

@@ -23,7 +23,7 @@ from diffusion_rl.models.policy import ModelConfig
 
 from .conftest import ROOT, SHARED_DATA
 from .helpers import TINY
-from .test_benchmarks import compose_eval, write_jsonl
+from .test_text_tasks import compose_eval, write_jsonl
 
 TINY_MODEL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

@@ -21,7 +21,7 @@ from diffusion_rl.evaluate import (
 )
 from diffusion_rl.rewards.d1_eval import D1_PROTOCOLS
 
-from .test_benchmarks import compose_eval, write_jsonl
+from .test_text_tasks import compose_eval, write_jsonl
 
 
 def _d1_file(folder: Path, name: str, length: int, entries: list[dict]) -> Path:

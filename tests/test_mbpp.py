@@ -17,7 +17,7 @@ from diffusion_rl.train import build_task
 
 from .conftest import SHARED_DATA
 from .helpers import compose_cfg
-from .test_benchmarks import compose_eval, write_jsonl
+from .test_text_tasks import compose_eval, write_jsonl
 
 MBPP = SHARED_DATA / "mbpp.jsonl"
 needs_data = pytest.mark.skipif(not MBPP.is_file(), reason=f"shared benchmark file absent at {MBPP} (project machines only)")

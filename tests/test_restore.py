@@ -13,7 +13,7 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.evaluate import evaluate_checkpoint
 from diffusion_rl.training.restore import check_architecture, config_from_checkpoint
 
-from .test_benchmarks import compose_eval
+from .test_text_tasks import compose_eval
 
 
 def _eval(tmp_path, overrides, out="ev"):

@@ -9,7 +9,7 @@ from diffusion_rl.tasks import TASKS
 from diffusion_rl.train import build_task
 
 from .conftest import ROOT
-from .test_benchmarks import write_jsonl
+from .test_text_tasks import write_jsonl
 
 DATA = {  # a test file for the tasks that would otherwise read the hub
     "gsm8k": [{"question": "1+1?", "answer": "so\n#### 2"}, {"question": "2+2?", "answer": "so\n#### 4"}],

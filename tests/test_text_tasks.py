@@ -1,7 +1,7 @@
 """Countdown, GSM8K and MATH500 tasks: loaders (shared files, hub calls), the Countdown generator,
 prompt templates, rewards from config, and the reference policy scoring 100% through the eval code.
 
-Tests that read ../shared/data skip when it is absent. Run: pytest tests/test_benchmarks.py -q
+Tests that read ../shared/data skip when it is absent. Run: pytest tests/test_text_tasks.py -q
 """
 
 from __future__ import annotations
