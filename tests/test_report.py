@@ -249,3 +249,10 @@ def test_a_recorded_experiment_opens_with_its_intro_and_regenerates_it(multirun)
         assert text.startswith(intro + "\n\n") and "# Report:" not in text
     (multirun / "INTRO.md").unlink()
     assert build_report(multirun)[0].read_text().startswith(f"# Report: {multirun}")
+
+
+def test_numbers_in_tables_stay_readable_when_a_gradient_explodes():
+    from diffusion_rl.report_runs import fmt
+
+    assert fmt(0.8567) == "0.857" and fmt(984.4112) == "984.411" and fmt(6.974e18) == "6.97e+18"
+    assert fmt(float("nan")) == "-" and fmt(None) == "-"

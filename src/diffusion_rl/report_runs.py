@@ -159,7 +159,9 @@ def mean(values) -> float:
 
 
 def fmt(x: Any) -> str:
-    return "-" if not isinstance(x, (int, float)) or math.isnan(x) else f"{x:.3f}"
+    if not isinstance(x, (int, float)) or math.isnan(x):
+        return "-"
+    return f"{x:.3f}" if abs(x) < 1e6 else f"{x:.3g}"  # an exploded gradient norm stays readable
 
 
 def pyplot():
