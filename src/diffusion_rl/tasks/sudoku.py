@@ -284,17 +284,21 @@ class SudokuTask(Task):
     def train_items(self) -> list[dict[str, Any]]:
         return list(self._train_pool)
 
-    def test_items(self) -> list[dict[str, Any]]:
+    @functools.cached_property
+    def _test_set(self) -> list[dict[str, Any]]:
         if self._csv_items is not None:
             return [dict(it) for it in self._csv_items[: self.cfg.num_test]]
         test_grids = split_grids(self.cfg.seed, self.cfg.test_fraction)[1]
         return self._held_out(test_grids, self.cfg.generated_num_test, "test")
 
+    def test_items(self) -> list[dict[str, Any]]:
+        return [dict(it) for it in self._test_set]
+
     def validation_items(self) -> list[dict[str, Any]]:
         """Fresh puzzles of the training grids, none of them a training or test puzzle: the test set
         alone holds out whole grids (288 grids leave too few for a third grid-level split), and the
         training pool is the one it would be without a validation split."""
-        exclude = {it["puzzle"] for it in self._train_pool} | {it["puzzle"] for it in self.test_items()}
+        exclude = {it["puzzle"] for it in self._train_pool} | {it["puzzle"] for it in self._test_set}
         return self._held_out(self.train_grids(), self.cfg.num_val, "validation", exclude)
 
     def _held_out(self, grids: list[str], n: int, split: str, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
