@@ -205,10 +205,6 @@ class NativeDiffusionLM(nn.Module):
     def mask_padding(self) -> bool:
         return self.model.mask_padding
 
-    @property
-    def block_size(self) -> int:
-        return self.model.block_size
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: list[KV] | None = None,
                 use_cache: bool = False) -> NativeOutput:

@@ -165,7 +165,7 @@ def check_cache_support(net: nn.Module, cache: str) -> None:
         raise ConfigError("sampler.cache", cache,
                           f"{type(net).__name__} cannot take a prefix + suffix cache (KVCacheLM.kv_cache_any_order): "
                           "use sampler.cache=prefix or none")
-    if getattr(net, "block_size", 0) or getattr(getattr(net, "config", None), "block_size", 0):
+    if getattr(getattr(net, "config", None), "block_size", 0):
         raise ConfigError("sampler.cache", cache,
                           "a block model's sampler already caches finished blocks exactly: use sampler.cache=none")
 
