@@ -96,6 +96,22 @@ def token_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
 
 
+def forward_logps(forward, ids: torch.Tensor, attn: torch.Tensor | None, targets: torch.Tensor, start: int,
+                  select: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``log p(targets)`` at positions ``start .. start + L`` of one forward over ``ids``, fp32.
+
+    ids (B, T), targets (B, L) -> (B, L). ``select`` (B, L) bool names the positions the caller
+    reads; the others hold 0. Every estimator scores through this one call, so a forward that can
+    compute its output head at the needed positions alone (``forward.token_logps``) does so here.
+    """
+    score = getattr(forward, "token_logps", None)
+    if score is not None:
+        return score(ids, attn, targets, start=start, select=select, position_ids=position_ids)
+    logits = forward(ids, attn) if position_ids is None else forward(ids, attn, position_ids)  # (B, T, V)
+    out = token_logps(logits[:, start:start + targets.shape[1]], targets)  # (B, L)
+    return out if select is None else out.masked_fill(~select, 0.0)
+
+
 def mask_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, u: torch.Tensor, p: float,
                 mask_id: int) -> torch.Tensor:
     """Replace real prompt tokens where ``u < p`` by the mask token (padding stays padding)."""

@@ -48,8 +48,8 @@ from diffusion_rl.likelihood.base import (
     LikelihoodConfig,
     LikelihoodEstimator,
     force_at_least_one,
+    forward_logps,
     rand_rows,
-    token_logps,
 )
 from diffusion_rl.seeding import mix_seed
 
@@ -209,8 +209,8 @@ class ELBOEstimator(LikelihoodEstimator):
         noisy_comp = torch.where(masked | ~scored, self.mask_id, completion_ids)  # (K, B, L)
         ids = torch.cat([noisy_prompt, noisy_comp], -1).reshape(K * B, P + L)
         attn = torch.cat([prompt_mask, torch.ones_like(completion_mask)], 1).repeat(K, 1)  # (K*B, P+L)
-        logits = forward(ids, attn)[:, P:]  # (K*B, L, V)
-        logps = token_logps(logits, completion_ids.repeat(K, 1)).view(K, B, L)
+        logps = forward_logps(forward, ids, attn, completion_ids.repeat(K, 1), P,
+                              select=masked.reshape(K * B, L)).view(K, B, L)  # only the masked tokens count
         return ELBOSample(logps, masked, t)
 
     def reduce(self, s: ELBOSample) -> torch.Tensor:

@@ -13,9 +13,9 @@ import torch
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodEstimator,
+    forward_logps,
     mask_prompt,
     rand_rows,
-    token_logps,
 )
 
 
@@ -29,5 +29,4 @@ class OneStepEstimator(LikelihoodEstimator):
         noisy_prompt = mask_prompt(prompt_ids, prompt_mask, u, self.cfg.p_mask_prompt, self.mask_id)
         ids = torch.cat([noisy_prompt, torch.full_like(completion_ids, self.mask_id)], 1)  # (B, P+L)
         attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)
-        logits = forward(ids, attn)[:, P:]  # (B, L, V)
-        return token_logps(logits, completion_ids)  # (B, L)
+        return forward_logps(forward, ids, attn, completion_ids, P)  # (B, L)

@@ -43,8 +43,8 @@ from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodEstimator,
     force_at_least_one,
+    forward_logps,
     rand_rows,
-    token_logps,
 )
 from diffusion_rl.likelihood.elbo import MonteCarloConfig, elbo_from_logps, sample_seeds
 from diffusion_rl.sampling.block import align_prompt
@@ -84,20 +84,18 @@ def staircase_mask(prompt_len: int, completion_len: int, block_size: int,
     return (~qn & ~kn & (kb <= qa)) | (qn & ~kn & (kb < qa)) | (qn & kn & (kb == qa))  # (N, N)
 
 
-def staircase_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, clean: torch.Tensor,
-                     noisy: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Logits of the noisy completion, each block against the clean prefix, in one forward.
-
-    prompt (B, P) with P whole blocks, clean and noisy completions (B, L) -> (B, L, V)
-    """
+def staircase_inputs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, clean: torch.Tensor,
+                     noisy: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The one forward's input ``[prompt ; clean ; noisy]`` (B, N), its boolean mask (B|1, 1, N, N)
+    and position ids (B, N); the noisy copy shares the clean positions. Prompt (B, P) whole blocks."""
     B, P = prompt_ids.shape
     L = clean.shape[1]
-    T, N = P + L, P + 2 * L
+    N = P + 2 * L
     dev = prompt_ids.device
     ids = torch.cat([prompt_ids, clean, noisy], 1)  # (B, N)
     keep = prompt_mask.bool()  # (B, P)
     pos = (torch.cat([keep.long(), keep.new_ones(B, L, dtype=torch.long)], 1).cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    position_ids = torch.cat([pos, pos[:, P:]], 1)  # (B, N): the noisy copy shares the clean positions
+    position_ids = torch.cat([pos, pos[:, P:]], 1)  # (B, N)
     mask = staircase_mask(P, L, block_size, dev)  # (N, N)
     if bool(keep.all()):
         attn = mask[None, None]  # (1, 1, N, N)
@@ -105,13 +103,33 @@ def staircase_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         key_ok = torch.cat([keep, keep.new_ones(B, 2 * L)], 1)  # (B, N)
         eye = torch.eye(N, dtype=torch.bool, device=dev)
         attn = ((mask & key_ok[:, None, :]) | eye)[:, None]  # (B, 1, N, N)
-    return forward(ids, attn, position_ids)[:, T:]
+    return ids, attn, position_ids
 
 
-def per_block_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, clean: torch.Tensor,
+def staircase_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, clean: torch.Tensor,
                      noisy: torch.Tensor, block_size: int) -> torch.Tensor:
-    """The naive reference of :func:`staircase_logits`: one forward per block, on the model's own
-    block-causal attention, of ``[prompt, clean blocks < b, noisy block b]``. -> (B, L, V)"""
+    """Logits of the noisy completion, each block against the clean prefix, in one forward.
+
+    prompt (B, P) with P whole blocks, clean and noisy completions (B, L) -> (B, L, V)
+    """
+    ids, attn, position_ids = staircase_inputs(prompt_ids, prompt_mask, clean, noisy, block_size)
+    return forward(ids, attn, position_ids)[:, prompt_ids.shape[1] + clean.shape[1]:]
+
+
+def staircase_logps(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, clean: torch.Tensor,
+                    noisy: torch.Tensor, block_size: int, select: torch.Tensor | None = None) -> torch.Tensor:
+    """``log p(clean token)`` at each noisy position, from :func:`staircase_logits`'s forward. -> (B, L)
+
+    ``select`` (B, L) bool: the positions read (the masked ones); the others hold 0."""
+    ids, attn, position_ids = staircase_inputs(prompt_ids, prompt_mask, clean, noisy, block_size)
+    start = prompt_ids.shape[1] + clean.shape[1]
+    return forward_logps(forward, ids, attn, clean, start, select=select, position_ids=position_ids)
+
+
+def per_block_logps(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, clean: torch.Tensor,
+                    noisy: torch.Tensor, block_size: int, select: torch.Tensor | None = None) -> torch.Tensor:
+    """The naive reference of :func:`staircase_logps`: one forward per block, on the model's own
+    block-causal attention, of ``[prompt, clean blocks < b, noisy block b]``. -> (B, L)"""
     B, P = prompt_ids.shape
     L = clean.shape[1]
     out = []
@@ -119,7 +137,8 @@ def per_block_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         e = s + block_size
         ids = torch.cat([prompt_ids, clean[:, :s], noisy[:, s:e]], 1)  # (B, P + e)
         attn = torch.cat([prompt_mask.long(), prompt_mask.new_ones(B, e, dtype=torch.long)], 1)
-        out.append(forward(ids, attn)[:, P + s:])  # (B, bs, V)
+        sel = None if select is None else select[:, s:e]
+        out.append(forward_logps(forward, ids, attn, clean[:, s:e], P + s, select=sel))  # (B, bs)
     return torch.cat(out, 1)
 
 
@@ -187,9 +206,10 @@ class StaircaseEstimator(LikelihoodEstimator):
         noisy_prompt = torch.where(prompt_hit, self.mask_id, prompt_ids).reshape(K * B, P)
         noisy = torch.where(masked | ~scored, self.mask_id, completion_ids).reshape(K * B, L)
         clean = completion_ids.repeat(K, 1)  # (K*B, L)
-        scorer = staircase_logits if self.cfg.one_pass else per_block_logits
-        logits = scorer(forward, noisy_prompt, prompt_mask.repeat(K, 1), clean, noisy, bs)  # (K*B, L, V)
-        return StaircaseSample(token_logps(logits, clean).view(K, B, L), masked, t)
+        scorer = staircase_logps if self.cfg.one_pass else per_block_logps
+        logps = scorer(forward, noisy_prompt, prompt_mask.repeat(K, 1), clean, noisy, bs,
+                       select=masked.reshape(K * B, L))  # (K*B, L): only the masked tokens count
+        return StaircaseSample(logps.view(K, B, L), masked, t)
 
     def reduce(self, s: StaircaseSample) -> torch.Tensor:
         """The block-summed ELBO of each row from a :meth:`sample`. -> (B,)"""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from diffusion_rl.likelihood.base import token_logps
+from diffusion_rl.likelihood.base import forward_logps
 
 
 def stepwise_logps(
@@ -27,10 +27,8 @@ def stepwise_logps(
     """Per-row log-probability of the step's committed tokens. -> (N,)"""
     if reduce not in ("sum", "mean"):
         raise ValueError(f"reduce={reduce!r}: allowed sum, mean")
-    logits = forward(states, attn)  # (N, P+L, V)
-    rows = committed.nonzero()[:, 0]  # (n,) row of each committed position
-    logp = token_logps(logits[committed], tokens[committed])  # (n,) log-softmax only where needed
-    total = logp.new_zeros(states.shape[0]).index_add(0, rows, logp)  # (N,)
+    logp = forward_logps(forward, states, attn, tokens, 0, select=committed)  # (N, P+L), 0 where not committed
+    total = logp.sum(-1)  # (N,)
     if reduce == "mean":
         total = total / committed.sum(-1).clamp_min(1).to(total.dtype)
     return total
