@@ -55,8 +55,10 @@ def test_sampler_entropy_equals_the_trajectory_records(tiny_bundle):
     ids, mask = encode_prompts(tiny_bundle.tokenizer, PROMPTS)
     cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.9)
     rec = TrajectoryRecorder(tiny_bundle.mask_token_id)
+    # a seed at which no row draws the mask token itself (which the recorder does not count as a
+    # commit: test_drawn_mask_tokens_stay_masked_in_the_reconstruction)
     out = generate(logits_fn(tiny_bundle.net.eval()), ids, mask, cfg, tiny_bundle.mask_token_id,
-                   torch.Generator().manual_seed(3), rec)
+                   torch.Generator().manual_seed(4), rec)
     assert out.num_committed.tolist() == [8] * 4 and rec.counts.sum(-1).tolist() == [8] * 4
     per_row = (rec.entropies * rec.counts.float()).sum(-1)  # (B,)
     assert torch.allclose(out.entropy_sum.float(), per_row, rtol=1e-5) and bool((per_row > 0).all())

@@ -10,6 +10,7 @@ deterministic function of the completion's characters instead, which varies with
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from pathlib import Path
 
@@ -85,3 +86,25 @@ def test_two_rl_steps(folders, arch, objective, lora, tmp_path, monkeypatch):
     changed = {k for k in end if not torch.equal(start[k], end[k])}
     assert changed, "no parameter changed"
     assert all("lora_" in k for k in changed) == bool(lora)  # with LoRA only the adapters train
+
+
+@pytest.mark.parametrize("old_policy", ["copy", "cached"])
+def test_lora_dropout_leaves_the_ratio_exactly_one_at_theta_old(folders, old_policy, tmp_path, monkeypatch):
+    """Old and new log-probs are taken in one mode (dropout off in both), so with one update per
+    rollout the ratio is exactly 1 at every step, LoRA dropout or not; with dropout left on in the
+    update it is not once the B matrices have left zero (the control: the test can fail)."""
+    pytest.importorskip("peft")
+    import diffusion_rl.training.module as module_mod
+
+    def ratio_spread(run_dir: Path) -> list[float]:
+        rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+        return [max(abs(float(r["ratio/log_max"])), abs(float(r["ratio/log_min"]))) for r in rows if r.get("ratio/log_max")]
+
+    args = ["model=llada_8b_instruct", f"model.path={folders['llada']}", "model.lora_r=8", "model.lora_dropout=0.5",
+            "objective=grpo", "objective.mu=1", f"old_policy={old_policy}", *SMALL, "trainer.max_steps=3"]
+    monkeypatch.setattr(SudokuTask, "reward_functions", lambda self: [("chars", char_reward, 1.0)])
+    train(compose_cfg(args, tmp_path, tiny=False), tmp_path / "one_mode")
+    assert ratio_spread(tmp_path / "one_mode") == [0.0, 0.0, 0.0]
+    monkeypatch.setattr(module_mod, "dropout_disabled", lambda net: contextlib.nullcontext())
+    train(compose_cfg(args, tmp_path, tiny=False), tmp_path / "dropout_on")
+    assert ratio_spread(tmp_path / "dropout_on")[-1] > 1e-6  # dropout noise in the ratio

@@ -16,6 +16,9 @@ from diffusion_rl.training.restore import check_architecture, config_from_checkp
 from .test_text_tasks import compose_eval
 
 
+RUN_SCHEDULE = "eval.steps_per_token=0.25"  # tests/helpers.py's runs: sampler.steps=4 for 16 tokens
+
+
 def _eval(tmp_path, overrides, out="ev"):
     """``python src/eval.py <overrides>``: the eval config composed from the command line's overrides."""
     return evaluate_checkpoint(compose_eval(overrides, tmp_path), tmp_path / out, overrides=overrides)
@@ -24,8 +27,9 @@ def _eval(tmp_path, overrides, out="ev"):
 def test_eval_of_a_run_folder_scores_what_the_run_reported(tiny_run, tmp_path):
     run, summary = tiny_run
     # eval.yaml's defaults are model=tiny at d_model=128 and 256 test puzzles; the run trained d_model=32
-    # and held out 8: both come from the checkpoint, so the score is the run's own "after" exactly
-    out = _eval(tmp_path, [f"ckpt_path={run}"])
+    # and held out 8: both come from the checkpoint, so the score is the run's own "after" exactly (with
+    # the protocol's schedule set to the run's: 4 steps for 16 tokens, where the papers' is 8)
+    out = _eval(tmp_path, [f"ckpt_path={run}", RUN_SCHEDULE])
     assert out["num_items"] == summary["num_test_items"] == 8
     assert {k: out[k] for k in summary["after"]} == summary["after"]
     assert out["ckpt_path"] == str(run / "checkpoints" / "last.ckpt")
@@ -64,7 +68,7 @@ def test_ckpt_path_last_is_the_newest_run_under_outputs(tiny_run, tmp_path, monk
         last = tmp_path / "outputs" / "runs" / "2026-01-01" / name / "checkpoints" / "last.ckpt"
         shutil.copy(run / "checkpoints" / "last.ckpt", last)
         os.utime(last, (time.time() - age, time.time() - age))
-    out = _eval(tmp_path, ["ckpt_path=last"])
+    out = _eval(tmp_path, ["ckpt_path=last", RUN_SCHEDULE])
     assert out["ckpt_path"] == "outputs/runs/2026-01-01/new/checkpoints/last.ckpt"
     assert {k: out[k] for k in summary["after"]} == summary["after"]
 

@@ -13,6 +13,7 @@ from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.heads import logits_outputs
 from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
 from diffusion_rl.models.tiny import TinyDiffusionLM
 from diffusion_rl.objectives.base import StepContext
@@ -99,7 +100,8 @@ EOS_FROM = 8  # position id from which EndsEarly prefers EOS: by completion toke
 class EndsEarly(TinyDiffusionLM):
     """The embedded model, biased towards EOS from a completion position on (so every row ends)."""
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                keep=None, targets=None, select=None):
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache)
         if position_ids is None:
             past = 0 if past_key_values is None else past_key_values[0][0].shape[-2]
@@ -108,8 +110,10 @@ class EndsEarly(TinyDiffusionLM):
             else:
                 position_ids = torch.arange(past, past + input_ids.shape[1]).expand_as(input_ids)
         late = (position_ids >= EOS_FROM)[..., None]  # (B, L, 1) positions count from the first real token
-        out.logits = out.logits + 30.0 * late * torch.nn.functional.one_hot(torch.tensor(self.eos), out.logits.shape[-1])
-        return out
+        logits = out.logits + 30.0 * late * torch.nn.functional.one_hot(torch.tensor(self.eos), out.logits.shape[-1])
+        res = logits_outputs(logits, keep, targets, select)  # the policy interface's keep / targets (models/heads.py)
+        res.past_key_values = out.past_key_values
+        return res
 
 
 def _bundle(ends_early: bool):

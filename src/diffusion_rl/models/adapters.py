@@ -16,14 +16,12 @@ fails in one line.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 from diffusion_rl.errors import ConfigError
-from diffusion_rl.models.policy import DTYPES, ModelConfig, logits_fn
+from diffusion_rl.models.policy import DTYPES, ModelConfig, PolicyForward
 
 
 def prepare_for_training(net: nn.Module, cfg: ModelConfig) -> nn.Module:
@@ -115,14 +113,14 @@ def has_adapter(net: nn.Module) -> bool:
     return callable(getattr(type(net), "disable_adapter", None))
 
 
-def reference_logits_fn(net: nn.Module) -> Callable[..., torch.Tensor]:
-    """The base model under a LoRA policy: ``logits_fn`` with the adapters switched off."""
-    forward = logits_fn(net)
+class ReferenceForward(PolicyForward):
+    """The base model under a LoRA policy: :class:`PolicyForward` with the adapters switched off."""
 
-    def ref(
-        ids: torch.Tensor, attn: torch.Tensor | None, position_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        with net.disable_adapter():  # type: ignore[operator]
-            return forward(ids, attn, position_ids)
+    def run(self, **kwargs: Any) -> Any:
+        with self.net.disable_adapter():  # type: ignore[operator]
+            return self.net(**kwargs)
 
-    return ref
+
+def reference_logits_fn(net: nn.Module) -> PolicyForward:
+    """The base model under a LoRA policy, as the estimators call it (adapters off)."""
+    return ReferenceForward(net)

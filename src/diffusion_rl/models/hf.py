@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.models.heads import head_outputs, logits_outputs
 from diffusion_rl.models.native import NATIVE, NativeDiffusionLM, NativeLM, load_tokenizer
 from diffusion_rl.models.policy import DTYPES, MODELS, ModelConfig, PolicyBundle
 
@@ -318,7 +319,11 @@ class HFDiffusionLM(nn.Module):
     """``net(input_ids=, attention_mask=, position_ids=) -> .logits`` over a Hugging Face model.
 
     attention_mask: ``(B, L)`` padding mask (1 = real token), a boolean ``(B|1, 1, L, L)`` "may
-    attend" mask, or None.
+    attend" mask, or None. ``keep`` / ``targets`` / ``select`` (models/heads.py) run the model's body
+    (``base_model``) and its output head (``get_output_embeddings()``) apart, so the head is applied
+    only where asked; whether ``head(body(x))`` is the model's own output (a model may scale or cap
+    its logits after the head) is checked once, on the first such call, against a full forward of one
+    row, and where it is not the full logits are computed and then sliced (with a warning).
     """
 
     supports_kv_cache = False  # the block sampler reruns the prefix (no Hugging Face cache here)
@@ -333,22 +338,50 @@ class HFDiffusionLM(nn.Module):
         super().__init__()
         self.model = model
         self.attention, self.block_size, self.boolean_mask = attention, block_size, boolean_mask
+        self._split_ok: bool | None = None  # checked on the first call with keep / targets
 
     @property
     def config(self):
         return self.model.config
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        **kwargs: Any,
-    ):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, keep: slice | None = None,
+                targets: torch.Tensor | None = None, select: torch.Tensor | None = None, **kwargs: Any):
+        inputs = {"input_ids": input_ids, **self.model_inputs(input_ids, attention_mask, position_ids), **kwargs}
+        if keep is None and targets is None:
+            return self.model(**inputs)
+        split = self.body_and_head(inputs)
+        if split is None:  # the full logits, then the positions asked for
+            logits = self.model(**inputs).logits  # (B, L, V)
+            return logits_outputs(logits, keep, targets, select)
+        body, head = split
+        return head_outputs(body(**inputs).last_hidden_state, head, keep, targets, select)
+
+    def body_and_head(self, inputs: dict[str, Any]) -> tuple[nn.Module, nn.Module] | None:
+        """The model's body and output head when ``head(body(x))`` are its logits (checked once)."""
+        body = getattr(self.model, getattr(self.model, "base_model_prefix", "") or "", None)
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        if body is None or head is None or body is self.model or self._split_ok is False:
+            return None
+        if self._split_ok is None:
+            one = {k: (v[:1] if isinstance(v, torch.Tensor) and v.shape[:1] == inputs["input_ids"].shape[:1] else v)
+                   for k, v in inputs.items()}
+            with torch.no_grad():
+                full = self.model(**one).logits
+                hidden = getattr(body(**one), "last_hidden_state", None)
+                self._split_ok = hidden is not None and torch.allclose(head(hidden).float(), full.float(),
+                                                                      rtol=1e-3, atol=1e-3)
+            if not self._split_ok:
+                log.warning("%s: its logits are not head(body(x)); computing every position's logits and "
+                            "slicing them (more memory)", type(self.model).__name__)
+                return None
+        return body, head
+
+    def model_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     position_ids: torch.Tensor | None) -> dict[str, Any]:
+        """``attention_mask`` / ``position_ids`` as the wrapped model takes them (``model.attention``)."""
         if self.attention == "native":
-            if position_ids is not None:
-                kwargs["position_ids"] = position_ids
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            return {"attention_mask": attention_mask, **({} if position_ids is None else {"position_ids": position_ids})}
         B, L = input_ids.shape
         device = input_ids.device
         if attention_mask is None or attention_mask.dim() == 2:
@@ -377,6 +410,5 @@ class HFDiffusionLM(nn.Module):
             mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
                 ~allowed, torch.finfo(dtype).min
             )
-        return self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **kwargs
-        )
+        return {"attention_mask": mask, "position_ids": position_ids}
+

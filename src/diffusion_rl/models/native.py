@@ -36,6 +36,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.models.heads import HeadOutput, head_outputs
 from diffusion_rl.models.layers import KV, attention_inputs, rope_tables
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,11 @@ class KVCache(list):
 
 
 @dataclass
-class NativeOutput:
-    logits: torch.Tensor  # (B, L, V)
-    past_key_values: KVCache | None = None  # with use_cache=True: cached and new keys/values
+class NativeOutput(HeadOutput):
+    """``.logits`` (B, L, V) (or at ``keep``), ``.token_logps`` with ``targets``, ``.past_key_values``
+    with use_cache=True (cached and new keys/values), ``.hidden`` (B, L, D) with ``output_hidden``."""
+
+    hidden: torch.Tensor | None = None
 
 
 def unsupported(config: PreTrainedConfig, checks: dict[str, tuple[Any, Any]]) -> None:
@@ -113,7 +116,13 @@ class NativeLM(PreTrainedModel):
         past_key_values: list[KV] | None = None,
         use_cache: bool = False,
         return_dict: bool | None = None,  # accepted for Hugging Face callers; the output is always an object
+        keep: slice | None = None,
+        targets: torch.Tensor | None = None,
+        select: torch.Tensor | None = None,
+        output_hidden: bool = False,
     ) -> NativeOutput:
+        """Raw logits (Dream's shifted) at ``keep``, or ``targets``' log-probs (models/heads.py); with
+        ``output_hidden`` the final-normed hidden states instead of any head output."""
         B, L = input_ids.shape
         past = 0 if not past_key_values else past_key_values[0][0].shape[-2]
         mask, pos = attention_inputs(attention_mask, position_ids, B, L, past, input_ids.device,
@@ -124,8 +133,12 @@ class NativeLM(PreTrainedModel):
         for i, layer in enumerate(self.decoder_layers()):
             x, kv = layer(x, cos, sin, mask, None if not past_key_values else past_key_values[i])
             cache.append(kv)
-        logits = self.get_output_embeddings()(self.final_norm()(x))  # (B, L, V)
-        return NativeOutput(logits=logits, past_key_values=cache if use_cache else None)
+        x = self.final_norm()(x)  # (B, L, D)
+        past = cache if use_cache else None
+        if output_hidden:
+            return NativeOutput(hidden=x, past_key_values=past)
+        out = head_outputs(x, self.get_output_embeddings(), keep, targets, select)
+        return NativeOutput(logits=out.logits, token_logps=out.token_logps, past_key_values=past)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):  # type: ignore[override]
@@ -207,23 +220,39 @@ class NativeDiffusionLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: list[KV] | None = None,
-                use_cache: bool = False) -> NativeOutput:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, use_cache=use_cache)
+                use_cache: bool = False, keep: slice | None = None, targets: torch.Tensor | None = None,
+                select: torch.Tensor | None = None) -> NativeOutput:
+        """Unshifted outputs; ``keep`` / ``targets`` / ``select`` as in models/heads.py."""
+        kw = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+              "past_key_values": past_key_values, "use_cache": use_cache}
         if not self.shift:
-            return out
-        raw = out.logits  # (B, L, V): raw[:, i] predicts token i + 1
-        if past_key_values:
-            first = getattr(past_key_values, "next_logits", None)
-            if first is None:
-                raise ValueError("Dream predicts the first new token from the last cached one: pass the cache "
-                                 "returned by use_cache=True (KVCache with next_logits)")
-            first = first[:, None].to(raw.dtype)  # (B, 1, V)
-        else:
-            first = raw[:, :1]
+            return self.model(**kw, keep=keep, targets=targets, select=select)
+        if past_key_values:  # a cached step: the first new token is predicted by the last cached one
+            out = self.model(**kw)
+            logits = self._shift_cached(out.logits, past_key_values)  # (B, L, V)
+            if out.past_key_values is not None:
+                out.past_key_values.next_logits = out.logits[:, -1]
+            if targets is not None:
+                raise ValueError("token log-probs are scored without a key/value cache")
+            return NativeOutput(logits=logits if keep is None else logits[:, keep], past_key_values=out.past_key_values)
+        out = self.model(**kw, output_hidden=True)
+        raw = out.hidden  # (B, L, D): raw[:, i] predicts token i + 1
+        assert raw is not None
+        head = self.model.get_output_embeddings()
         if out.past_key_values is not None:
-            out.past_key_values.next_logits = raw[:, -1]
-        return NativeOutput(logits=torch.cat([first, raw[:, :-1]], dim=1), past_key_values=out.past_key_values)
+            out.past_key_values.next_logits = head(raw[:, -1])  # (B, V) what the cache predicts next
+        shifted = torch.cat([raw[:, :1], raw[:, :-1]], dim=1)  # position 0 keeps its own, as Dream's sampler
+        res = head_outputs(shifted, head, keep, targets, select)
+        return NativeOutput(logits=res.logits, token_logps=res.token_logps, past_key_values=out.past_key_values)
+
+    @staticmethod
+    def _shift_cached(raw: torch.Tensor, past: list[KV]) -> torch.Tensor:
+        """Raw logits (B, L, V) of the new tokens of a cached call, shifted: the first is the cache's."""
+        first = getattr(past, "next_logits", None)
+        if first is None:
+            raise ValueError("Dream predicts the first new token from the last cached one: pass the cache "
+                             "returned by use_cache=True (KVCache with next_logits)")
+        return torch.cat([first[:, None].to(raw.dtype), raw[:, :-1]], dim=1)
 
 
 def load_tokenizer(src: str, model_cls: type[NativeLM], **kwargs: Any):

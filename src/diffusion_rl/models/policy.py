@@ -13,7 +13,8 @@ it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -170,17 +171,62 @@ def check_cache_support(net: nn.Module, cache: str) -> None:
                           "a block model's sampler already caches finished blocks exactly: use sampler.cache=none")
 
 
-def logits_fn(net: nn.Module) -> Callable[..., torch.Tensor]:
-    """Adapt a network to ``(ids, attention_mask[, position_ids]) -> logits (B, T, V)`` float32."""
+class PolicyForward:
+    """A network as the sampler and the likelihood estimators call it (fp32 outputs).
 
-    def forward(ids: torch.Tensor, attn: torch.Tensor | None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if position_ids is None:
-            return net(input_ids=ids, attention_mask=attn).logits.float()
-        return net(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits.float()
+    - ``forward(ids, attn[, position_ids], keep=None) -> logits (B, R, V)``: every position, or the
+      slice ``keep`` only (the sampler's block);
+    - ``forward.token_logps(ids, attn, targets, start, select=None, position_ids=None) -> (B, L)``: the
+      log-probability of ``targets`` at positions ``start .. start + L``, computed only at ``select``
+      (others 0), through the chunked fused head of ``models/heads.py``: no (B, T, V) tensor.
 
-    return forward
+    Every policy network of the project takes ``keep`` / ``targets`` / ``select`` (``models/heads.py``);
+    :func:`diffusion_rl.likelihood.base.forward_logps` is the estimators' way in.
+    """
+
+    def __init__(self, net: nn.Module):
+        self.net = net
+
+    def run(self, **kwargs: Any) -> Any:
+        """One call of the network (subclasses wrap it, e.g. with the adapters switched off)."""
+        return self.net(**kwargs)
+
+    def __call__(self, ids: torch.Tensor, attn: torch.Tensor | None, position_ids: torch.Tensor | None = None,
+                 keep: slice | None = None) -> torch.Tensor:
+        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": attn}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids
+        if keep is not None:
+            kw["keep"] = keep
+        return self.run(**kw).logits.float()
+
+    def token_logps(self, ids: torch.Tensor, attn: torch.Tensor | None, targets: torch.Tensor, start: int,
+                    select: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": attn, "keep": slice(start, start + targets.shape[1]),
+                              "targets": targets, "select": select}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids
+        return self.run(**kw).token_logps
 
 
+def logits_fn(net: nn.Module) -> PolicyForward:
+    """``net`` as the estimators and samplers call it (:class:`PolicyForward`)."""
+    return PolicyForward(net)
+
+
+@contextmanager
+def dropout_disabled(net: nn.Module) -> Iterator[None]:
+    """Dropout off inside the block, the rest of the network's mode untouched (activation checkpointing
+    of Hugging Face layers runs only in training mode): the old and the new policy's log-probs are then
+    the same function of the weights, so their ratio is exactly 1 at theta = theta_old."""
+    drops = [m for m in net.modules() if isinstance(m, nn.Dropout) and m.training]
+    for m in drops:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in drops:
+            m.train()
 
 
 def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu",

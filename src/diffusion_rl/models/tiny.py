@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffusion_rl.models.heads import HeadOutput, head_outputs
 from diffusion_rl.models.policy import MODELS, KVCache, ModelConfig, PolicyBundle
 from diffusion_rl.models.tokenizer import CharTokenizer
 
@@ -44,12 +45,6 @@ class TinyConfig:
     rope_base: float = 10000.0
     init_std: float = 0.02  # small embeddings: at unit scale the model sits at chance (SPEC §8)
     learned_positions: bool = False  # add learned absolute position embeddings to rotary ones
-
-
-@dataclass
-class TinyOutput:
-    logits: torch.Tensor  # (B, L, V)
-    past_key_values: KVCache | None = None  # with use_cache=True: cached and new keys/values
 
 
 class RMSNorm(nn.Module):
@@ -135,19 +130,23 @@ class TinyDiffusionLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
-    ) -> TinyOutput:
+        keep: slice | None = None,
+        targets: torch.Tensor | None = None,
+        select: torch.Tensor | None = None,
+    ) -> HeadOutput:
+        """``.logits`` (B, L, V) fp32, or at ``keep`` only, or ``.token_logps`` of ``targets`` (models/heads.py)."""
         B, L = input_ids.shape
         past = 0 if past_key_values is None else past_key_values[0][0].shape[-2]
         S = past + L  # keys: cached then new
         dev = input_ids.device
         mask = None
         if attention_mask is not None and attention_mask.dim() == 2:
-            keep = attention_mask.bool()  # (B, S) padding mask over cached and new tokens
-            if keep.shape[-1] != S:
-                raise ValueError(f"2D attention_mask covers {keep.shape[-1]} tokens; expected cached + new = {S}")
+            real = attention_mask.bool()  # (B, S) padding mask over cached and new tokens
+            if real.shape[-1] != S:
+                raise ValueError(f"2D attention_mask covers {real.shape[-1]} tokens; expected cached + new = {S}")
             if position_ids is None:
-                position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-            mask = keep[:, None, None, :]  # (B, 1, 1, S)
+                position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+            mask = real[:, None, None, :]  # (B, 1, 1, S)
         elif attention_mask is not None:
             mask = attention_mask.bool()  # (B|1, 1, L, S)
         if self.config.block_size > 0 and (attention_mask is None or attention_mask.dim() == 2):
@@ -166,7 +165,10 @@ class TinyDiffusionLM(nn.Module):
         for i, blk in enumerate(self.blocks):
             x, kv = blk(x, position_ids, mask, None if past_key_values is None else past_key_values[i])
             cache.append(kv)
-        return TinyOutput(logits=self.head(self.norm(x)).float(), past_key_values=cache if use_cache else None)
+        out = head_outputs(self.norm(x), self.head, keep, targets, select)
+        out.logits = None if out.logits is None else out.logits.float()
+        out.past_key_values = cache if use_cache else None
+        return out
 
 
 @MODELS.register("tiny")

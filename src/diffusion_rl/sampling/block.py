@@ -117,7 +117,8 @@ def block_generate(
                 logits = net(input_ids=blk, attention_mask=keep[:, :end], past_key_values=cache).logits.float()
                 stats.forward(bs)
             else:
-                logits = net(input_ids=x[:, :end], attention_mask=keep[:, :end]).logits[:, start:].float()  # (B, bs, V)
+                logits = net(input_ids=x[:, :end], attention_mask=keep[:, :end],
+                             keep=slice(start, end)).logits.float()  # (B, bs, V)
                 stats.forward(end)
             cand, commit = denoise_step(logits, blk == mask_id, k, cfg, generator, gdtype)  # (B, bs)
             stats.add(logits, commit, cand, start)

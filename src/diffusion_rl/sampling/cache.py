@@ -19,10 +19,12 @@ The network must follow the cache convention of :class:`~diffusion_rl.models.pol
 a full-attention model computes exactly as if the block sat between them (attention has no notion of
 order beyond the positions, which are passed explicitly).
 
-A step returns ``(offset, logits (B, R, V))``: the logits of positions ``offset .. offset + R``
-(the whole sequence at a refresh). :meth:`StepLogits.widen` gives a recorder full-width tensors; the
-logits of positions this step did not compute are the latest ones computed there (from the last
-refresh), which is what EGSPO-SA's greedy completions of later positions then read.
+A step returns ``(offset, logits (B, R, V))``: the logits of positions ``offset .. offset + R``, which
+cover the current block. Only the block's logits are computed (the head runs at those positions
+alone: ``keep``, ``models/heads.py``) unless a recorder needs every position's (``keep_full``: EGSPO-SA's
+greedy completions read the argmax at every masked position); then a step computes the whole
+sequence at a refresh and :meth:`StepLogits.widen` gives the recorder full-width tensors, the logits
+of positions a cached step did not compute being the latest ones computed there.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class StepLogits:
     """``cache=none``: every step is a full forward (``full(x) -> logits (B, T, V)``, with classifier-free
     guidance if configured: ``passes = 2`` model rows per sample)."""
 
-    def __init__(self, full: Callable[[torch.Tensor], torch.Tensor] | None, passes: int, count: Count,
+    def __init__(self, full: Callable[[torch.Tensor, slice | None], torch.Tensor] | None, passes: int, count: Count,
                  refresh_every: int = 0, keep_full: bool = False):
         self.full_forward, self.passes, self.count = full, passes, count
         self.refresh_every, self.keep_full = refresh_every, keep_full
@@ -51,23 +53,27 @@ class StepLogits:
         """Logits of step ``i`` of the block ``[start, end)`` for the state ``x`` (B, T)."""
         assert self.full_forward is not None
         self.count(x.shape[1], self.passes)
-        return 0, self.full_forward(x)
+        if self.keep_full:
+            return 0, self.full_forward(x, None)
+        return start, self.full_forward(x, slice(start, end))
 
     def refresh_now(self, i: int) -> bool:
         return i == 0 or (self.refresh_every > 0 and i % self.refresh_every == 0)
 
-    def widen(self, x: torch.Tensor, logits: torch.Tensor, cand: torch.Tensor, commit: torch.Tensor,
-              offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Full-width (B, T, V) logits, (B, T) candidates and committed positions of a step."""
+    def widen(self, x: torch.Tensor, logits: torch.Tensor, offset: int, start: int, cand: torch.Tensor,
+              commit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Full-width (B, T, V) logits, (B, T) candidates and committed positions of a step whose
+        logits cover ``offset ..`` and whose candidates / commits (B, n) the block ``start .. start + n``."""
         T, R = x.shape[1], logits.shape[1]
         if R == T:
-            self.full = logits if self.keep_full else None
-            return logits, cand, commit
-        assert self.full is not None, "a cached step follows a refresh"
-        self.full[:, offset:offset + R] = logits
+            self.full = logits
+        else:
+            assert self.full is not None, "a cached step follows a refresh"
+            self.full[:, offset:offset + R] = logits
+        end = start + cand.shape[1]
         full_cand, full_commit = x.clone(), torch.zeros_like(x, dtype=torch.bool)
-        full_cand[:, offset:offset + R] = cand
-        full_commit[:, offset:offset + R] = commit
+        full_cand[:, start:end] = cand
+        full_commit[:, start:end] = commit
         return self.full, full_cand, full_commit
 
 
@@ -96,22 +102,27 @@ class CachedStepLogits(StepLogits):
         # before the block, so that the block's first logits are computed, not cached
         lo = start - self.shift
         if self.refresh_now(i) or self.block != (start, end):
-            out = self.net(input_ids=x, attention_mask=self.attn, use_cache=True)  # the exact step's forward
+            # the exact step's forward; its head runs at lo .. end unless a recorder needs every position
+            first, stop = (0, T) if self.keep_full else (lo, end)
+            out = self.net(input_ids=x, attention_mask=self.attn, use_cache=True, keep=slice(first, stop))
             self.count(T, 1)
-            keep = [(0, lo)] if self.mode == "prefix" else [(0, lo), (end, T)]
-            self.past = type(out.past_key_values)((_slices(k, keep), _slices(v, keep)) for k, v in out.past_key_values)
+            ranges = [(0, lo)] if self.mode == "prefix" else [(0, lo), (end, T)]
+            self.past = type(out.past_key_values)((_slices(k, ranges), _slices(v, ranges)) for k, v in out.past_key_values)
             if self.shift:  # what the cache predicts for the first new token (position lo; dropped below)
-                self.past.next_logits = out.logits[:, lo]  # type: ignore[union-attr]
+                self.past.next_logits = out.logits[:, lo - first]  # type: ignore[union-attr]
             self.block = (start, end)
-            return 0, out.logits.float()
+            return first, out.logits.float()
         pos = self.positions(x)
+        keep = None
         if self.mode == "prefix":  # the block and the masked suffix against the cached prefix
             ids, attn, new = x[:, lo:], self.attn, slice(lo, T)
+            keep = None if self.keep_full else slice(0, end - lo)  # the suffix's logits only for a recorder
         else:  # the block alone, against the cached prefix then suffix (keys in that order)
             ids, new = x[:, lo:end], slice(lo, end)
             attn = None if self.attn is None else torch.cat(
                 [self.attn[:, :lo], self.attn[:, end:], self.attn[:, lo:end]], 1)
-        out = self.net(input_ids=ids, attention_mask=attn, position_ids=pos[:, new], past_key_values=self.past)
+        out = self.net(input_ids=ids, attention_mask=attn, position_ids=pos[:, new], past_key_values=self.past,
+                       keep=keep)
         self.count(ids.shape[1], 1)
         return start, out.logits[:, self.shift:].float()
 
@@ -122,11 +133,12 @@ def _slices(t: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
-def step_logits(cache: str, full: Callable[[torch.Tensor], torch.Tensor], passes: int, net: nn.Module | None,
+def step_logits(cache: str, full: Callable[[torch.Tensor, slice | None], torch.Tensor], passes: int, net: nn.Module | None,
                 attn: torch.Tensor | None, count: Count, refresh_every: int = 0,
                 keep_full: bool = False) -> StepLogits:
-    """The step-logits source ``sampler.cache`` asks for: ``full`` runs the exact step (``passes`` model
-    rows per sample); the caches need ``net``; ``count`` is told of every model call."""
+    """The step-logits source ``sampler.cache`` asks for: ``full(x, keep)`` runs the exact step
+    (``passes`` model rows per sample; logits at ``keep`` or everywhere); the caches need ``net``;
+    ``count`` is told of every model call."""
     if cache == "none":
         return StepLogits(full, passes, count, refresh_every, keep_full)
     if net is None:

@@ -322,24 +322,21 @@ def generate(
     if prompt_mask is not None and not bool(prompt_mask.all()):
         attn = torch.cat([prompt_mask.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)
     gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
-    positions = torch.arange(P + L, device=device)
     stats = CommitStats(B, P + L, device)
-    full = lambda ids: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id)  # noqa: E731 - (B, T, V)
+    full = lambda ids, keep: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id, keep)  # noqa: E731
     source = step_logits(cfg.cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
                          cfg.cache_refresh, keep_full=recorder is not None)
     step = 0
     for b in range(cfg.num_blocks):
         start, end = P + b * bl, P + (b + 1) * bl
-        in_block = (positions >= start) & (positions < end)  # (T,)
         for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, cfg.steps_per_block)):
-            off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R
-            R = logits.shape[1]
-            cand, commit = denoise_step(logits, (x[:, off:off + R] == mask_id) & in_block[off:off + R], k, cfg,
-                                        generator, gdtype)
-            stats.add(logits, commit, cand, off)
+            off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R, the block inside
+            blk = logits[:, start - off:end - off]  # (B, bl, V): candidates, confidences and noise only here
+            cand, commit = denoise_step(blk, x[:, start:end] == mask_id, k, cfg, generator, gdtype)
+            stats.add(blk, commit, cand, start)
             if recorder is not None:
-                recorder.on_step(step, x.clone(), *source.widen(x, logits, cand, commit, off))
-            x[:, off:off + R] = torch.where(commit, cand, x[:, off:off + R])
+                recorder.on_step(step, x.clone(), *source.widen(x, logits, off, start, cand, commit))
+            x[:, start:end] = torch.where(commit, cand, x[:, start:end])
             step += 1
         if cfg.stop_after_eos and end < P + L and all_ended(x, P, end, eos_id, mask_id):  # type: ignore[arg-type]
             x = fill_after(x, end, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
@@ -348,16 +345,28 @@ def generate(
 
 
 def guided_logits(forward: Forward, x: torch.Tensor, attn: torch.Tensor | None, scale: float,
-                  prompt_len: int, mask_id: int) -> torch.Tensor:
-    """The logits of one full step; with classifier-free guidance (``scale > 0``) the conditional and
-    the unconditional (prompt masked out) branches run in one batch. -> (B, T, V)"""
+                  prompt_len: int, mask_id: int, keep: slice | None = None) -> torch.Tensor:
+    """The logits of one full step at the positions ``keep`` (None: all); with classifier-free
+    guidance (``scale > 0``) the conditional and the unconditional (prompt masked out) branches run in
+    one batch. -> (B, R, V)"""
+    call = lambda ids, a: logits_at(forward, ids, a, keep)  # noqa: E731
     if scale <= 0:
-        return forward(x, attn)
+        return call(x, attn)
     un = x.clone()
     un[:, :prompt_len] = mask_id  # unconditional branch: the prompt is masked out
-    both = forward(torch.cat([x, un]), None if attn is None else torch.cat([attn, attn]))
+    both = call(torch.cat([x, un]), None if attn is None else torch.cat([attn, attn]))
     cond, uncond = both.chunk(2)
     return uncond + (scale + 1) * (cond - uncond)
+
+
+def logits_at(forward: Forward, ids: torch.Tensor, attn: torch.Tensor | None, keep: slice | None) -> torch.Tensor:
+    """``forward``'s logits at the positions ``keep`` (None: all); a policy forward computes only those
+    (``models/policy.py: PolicyForward``), a plain callable is sliced. -> (B, R, V)"""
+    if keep is None:
+        return forward(ids, attn)
+    if hasattr(forward, "token_logps"):  # a PolicyForward: its head runs at ``keep`` only
+        return forward(ids, attn, keep=keep)  # type: ignore[call-arg]
+    return forward(ids, attn)[:, keep]
 
 
 def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:

@@ -41,7 +41,7 @@ import torch
 from diffusion_rl.advantages import AdvantageEstimator
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.models.adapters import has_adapter, reference_logits_fn
-from diffusion_rl.models.policy import PolicyBundle, logits_fn
+from diffusion_rl.models.policy import PolicyBundle, dropout_disabled, logits_fn
 from diffusion_rl.objectives.base import Objective, Rollout, StepContext
 from diffusion_rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig
@@ -198,20 +198,9 @@ class DiffusionRLModule(L.LightningModule):
         opt, sched = self.optimizers(), self.lr_schedulers()
         assert not isinstance(opt, list) and sched is not None and not isinstance(sched, list)
         t0 = time.perf_counter()
-        self.policy.train()
-        loss, metrics = self.objective.loss(ctx)
-        if self.fault is not None:
-            loss = self.fault.corrupt_loss(loss, self.global_step)
-        norm = math.nan
-        ok = bool(torch.isfinite(loss))
         opt.zero_grad(set_to_none=True)
-        if ok:
-            # the loss is the global batch's on every process and strategies average gradients over
-            # processes, so scale by their number (distributed.py)
-            self.manual_backward(loss * ctx.rollout.shard.world_size)
-            clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-            norm = clip_grad_norm(self, list(self.policy.parameters()), clip)  # pre-clip; FSDP-aware
-            ok = math.isfinite(norm)
+        loss, metrics, norm = self._loss_and_gradient(ctx)
+        ok = math.isfinite(norm)
         if not ok:
             opt.zero_grad(set_to_none=True)
             self.skipped_updates += 1
@@ -232,6 +221,25 @@ class DiffusionRLModule(L.LightningModule):
                     "train/skipped_updates": float(self.skipped_updates), "train/inner_iter": float(ctx.inner_iter),
                     "time/update_s": time.perf_counter() - t0})
         self._log_row(row, step=self.global_step)
+
+    def _loss_and_gradient(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
+        """The objective's loss, its backward and the total gradient norm before clipping (clipped in
+        place); the norm is NaN when the loss is not finite (then no backward ran).
+
+        Forward and backward (whose activation checkpointing recomputes the forward) run with dropout
+        off: the old values were taken without it, so the ratio is exactly 1 at theta = theta_old."""
+        self.policy.train()
+        with dropout_disabled(self.policy):
+            loss, metrics = self.objective.loss(ctx)
+            if self.fault is not None:
+                loss = self.fault.corrupt_loss(loss, self.global_step)
+            if not bool(torch.isfinite(loss)):
+                return loss, metrics, math.nan
+            # the loss is the global batch's on every process and strategies average gradients over
+            # processes, so scale by their number (distributed.py)
+            self.manual_backward(loss * ctx.rollout.shard.world_size)
+        clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+        return loss, metrics, clip_grad_norm(self, list(self.policy.parameters()), clip)  # pre-clip; FSDP-aware
 
     def _log_row(self, row: dict[str, float], step: int) -> None:
         self.last_metrics = row
