@@ -15,7 +15,6 @@ from diffusion_rl.training.restore import check_architecture, config_from_checkp
 
 from .test_text_tasks import compose_eval
 
-
 RUN_SCHEDULE = "eval.steps_per_token=0.25"  # tests/helpers.py's runs: sampler.steps=4 for 16 tokens
 
 
