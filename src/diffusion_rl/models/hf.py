@@ -188,19 +188,22 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
     load_config = AutoConfig.from_pretrained if native is None else native.config_class.from_pretrained  # type: ignore[union-attr]
     config = _load("config", load_config, cfg, src, **common)
     kwargs = {_dtype_kwarg(): DTYPES[cfg.dtype], **_quantization(cfg), **cfg.extra}
+    # build_policy(meta=True): the network's structure on the meta device, no weight read (an FSDP
+    # process that receives its shards from the first one)
+    meta = torch.get_default_device().type == "meta"
     if native is not None:
         if cfg.block_size and getattr(config, "block_size", 0) is None:  # SDAR without it in config.json
             config.block_size = cfg.block_size
         tokenizer = _load("tokenizer", load_tokenizer, cfg, src, native, local_files_only=local)
-        model = _load("weights", native.from_pretrained, cfg, src, config=config, local_files_only=local, **kwargs)
+        model = native(config) if meta else _load("weights", native.from_pretrained, cfg, src, config=config,
+                                                  local_files_only=local, **kwargs)
     else:
         tokenizer = _load("tokenizer", AutoTokenizer.from_pretrained, cfg, src, **common)
         own = remote_classes(config, cfg, src, local) if remote else None
         if own is not None:  # the checkpoint's own code, even where we have a class for its model_type
             config = _load("config", own[0].from_pretrained, cfg, src, local_files_only=local)
-            model = load_weights(own[1], src, config, cfg, common, kwargs)
-        else:
-            model = load_weights(model_class(config, cfg), src, config, cfg, common, kwargs)
+        cls = own[1] if own is not None else model_class(config, cfg)
+        model = cls.from_config(config) if meta else load_weights(cls, src, config, cfg, common, kwargs)
     # no Hugging Face cache objects (ours are plain lists, models/native.py); set even where the config
     # lacks the field: transformers 5 moved it to the generation config, 4.x-era remote code still reads it
     model.config.use_cache = False
@@ -223,7 +226,8 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
             None,
             f"{cfg.path}: neither the tokenizer nor the config names an EOS token; set it",
         )
-    vocab = model.get_input_embeddings().num_embeddings
+    embeddings: Any = model.get_input_embeddings()
+    vocab = int(embeddings.num_embeddings)
     for key, v in (("mask_token_id", mask_id), ("eos_token_id", eos_id)):
         if not 0 <= v < vocab:
             raise ConfigError(
@@ -360,7 +364,8 @@ class HFDiffusionLM(nn.Module):
     def body_and_head(self, inputs: dict[str, Any]) -> tuple[nn.Module, nn.Module] | None:
         """The model's body and output head when ``head(body(x))`` are its logits (checked once)."""
         body = getattr(self.model, getattr(self.model, "base_model_prefix", "") or "", None)
-        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        get_head: Any = getattr(self.model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
         if body is None or head is None or body is self.model or self._split_ok is False:
             return None
         if self._split_ok is None:

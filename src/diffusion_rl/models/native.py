@@ -134,11 +134,11 @@ class NativeLM(PreTrainedModel):
             x, kv = layer(x, cos, sin, mask, None if not past_key_values else past_key_values[i])
             cache.append(kv)
         x = self.final_norm()(x)  # (B, L, D)
-        past = cache if use_cache else None
+        kv = cache if use_cache else None
         if output_hidden:
-            return NativeOutput(hidden=x, past_key_values=past)
+            return NativeOutput(hidden=x, past_key_values=kv)
         out = head_outputs(x, self.get_output_embeddings(), keep, targets, select)
-        return NativeOutput(logits=out.logits, token_logps=out.token_logps, past_key_values=past)
+        return NativeOutput(logits=out.logits, token_logps=out.token_logps, past_key_values=kv)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):  # type: ignore[override]
