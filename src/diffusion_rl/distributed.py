@@ -16,12 +16,24 @@ any backend, gloo included. Knows nothing of Lightning.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from diffusion_rl.errors import ConfigError
+
+# where the launchers put a process's place: torchrun (RANK, GROUP_RANK), SLURM's srun (SLURM_PROCID),
+# Lightning's own launcher for the processes it starts (NODE_RANK, LOCAL_RANK)
+RANK_VARIABLES = ("RANK", "GROUP_RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK")
+
+
+def is_first_process() -> bool:
+    """Whether this is the first process of a launch (global rank 0), from what the launcher set in
+    the environment: known before any process group exists, so the first process alone can load
+    weights (FSDP) and check what only it writes."""
+    return all(int(os.environ.get(k) or 0) == 0 for k in RANK_VARIABLES)
 
 
 @dataclass(frozen=True)

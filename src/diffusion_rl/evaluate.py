@@ -316,7 +316,8 @@ def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path, overrides: list[st
     if policy != "reference":
         bundle = build_policy(from_dict(ModelConfig, cfg.model, "model"))
         if ckpt is not None:
-            restore_policy(bundle, ckpt[1], ckpt[0], str(run.ckpt_path))
+            restore_policy(bundle, ckpt[1], ckpt[0], str(run.ckpt_path), from_dict(ModelConfig, cfg.model, "model"),
+                           cfg.paths.cache_dir)
         elif policy == "warmstart":
             warm_start(bundle, task, sampler.gen_length, run.warmstart, warm_start_key(cfg), cfg.paths.cache_dir, ev.progress)
         bundle.net.to(device)

@@ -11,6 +11,11 @@
   a 10-step run checkpointing every 3 steps left ``last.ckpt`` at step 9.
 - Every checkpoint carries ``checkpoint["run"]``: the run's resolved config (model, tokenizer, task,
   sampler: what ``src/eval.py`` rebuilds) and the id of its W&B run (what a resumed run continues).
+- A checkpoint holds what trained (``DiffusionRLModule.on_save_checkpoint``): never a frozen LoRA base or
+  a frozen copy, which are rebuilt from the base the run names in ``checkpoint["run"]["base"]`` (path
+  and content hash; :func:`check_base` refuses resuming on another one). Under FSDP a full fine-tuning
+  checkpoint is a folder (``torch.distributed.checkpoint``: one shard file per process, the rest in
+  ``meta.pt``); every function here takes either.
 - :func:`resolve_checkpoint` turns ``ckpt_path`` (``last``, a run folder or a file) into a file and
   checks that it loads with ``weights_only=True`` (memory-mapped: the tensors are not read). A
   missing, truncated or foreign file stops the run in one line naming the newest readable step
@@ -108,9 +113,44 @@ class _Unreadable(Exception):
 _STEP_RE = re.compile(r"(\d+)")
 
 
+SHARDED_META = "meta.pt"  # a sharded (torch.distributed.checkpoint) checkpoint folder's plain part (Lightning's name)
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint folder (``torch.distributed.checkpoint`` + ``meta.pt``)."""
+    return path.is_dir() and (path / SHARDED_META).is_file() and (path / ".metadata").is_file()
+
+
+def sharded_keys(path: Path) -> list[str]:
+    """The tensor keys of a sharded checkpoint's ``state_dict`` (``policy.*``), read from its metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return [k.removeprefix("state_dict.") for k in keys if k.startswith("state_dict.")]
+
+
+def load_sharded_tensors(path: Path, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` tensors of a sharded checkpoint, in this process alone (no process group),
+    into tensors shaped like ``template`` (``{key: tensor}``, keys as :func:`sharded_keys`)."""
+    from torch.distributed.checkpoint import load
+
+    state = {"state_dict": {k: torch.empty_like(v, device="cpu") for k, v in template.items()}}
+    load(state, checkpoint_id=str(path), no_dist=True)
+    return state["state_dict"]
+
+
 def _load(path: Path) -> dict[str, Any]:
     """``torch.load(weights_only=True)`` of a diffusion_rl checkpoint (memory-mapped: tensors are not
-    read); raises :class:`_Unreadable` with a one-line reason."""
+    read; of a sharded folder, its ``meta.pt``, with the tensor names as ``sharded_keys``); raises
+    :class:`_Unreadable` with a one-line reason."""
+    if path.is_dir():
+        if not is_sharded(path):
+            raise _Unreadable("a folder, but not a sharded checkpoint (no meta.pt and .metadata)")
+        blob = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
+        keys = sharded_keys(path)
+        if not any(k.startswith("policy.") for k in keys):
+            raise _Unreadable("holds no 'policy.*' weights (not a diffusion_rl checkpoint?)")
+        return {**blob, "sharded": keys}
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is not one
         raise _Unreadable("not a PyTorch checkpoint (torch.save writes a zip archive; this file is not one)")
     try:
@@ -136,7 +176,7 @@ def newest_readable(folder: Path, exclude: Path | None = None) -> Path | None:
         nums = _STEP_RE.findall(p.stem)
         return (int(nums[-1]) if nums else -1, p.stat().st_mtime)
 
-    candidates = [p for p in folder.glob("*.ckpt") if not p.name.startswith("last") and p != exclude]
+    candidates = [p for p in folder.glob("*.ckpt") if not p.name.startswith("last") and p != exclude]  # files or folders
     for p in sorted(candidates, key=step_of, reverse=True):
         try:
             _inspect(p)
@@ -150,7 +190,7 @@ def checkpoint_file(value: str | Path) -> Path:
     """A checkpoint file as given, or a run folder's ``checkpoints/last.ckpt`` (``last.ckpt`` in a
     checkpoints folder); the file may not exist."""
     path = Path(value).expanduser()
-    if path.is_dir():
+    if path.is_dir() and not is_sharded(path):
         path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
     return path
 
@@ -178,7 +218,7 @@ def resolve_checkpoint(value: str, run_dir: str | Path) -> CheckpointRef:
         hint = f" (the newest run under {RUNS_ROOT}/ is {newest.parent.parent})" if newest else ""
         raise ConfigError("ckpt_path", value, f"resumes the run in hydra.run.dir, and {run_dir} holds no "
                           f"checkpoints: add hydra.run.dir=<run folder>{hint}, or give ckpt_path=<run folder or .ckpt>")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError("ckpt_path", value, f"no checkpoint file at {path}")
     try:
         blob = _load(path)
@@ -194,12 +234,27 @@ def load_checkpoint(value: str | Path, key: str = "ckpt_path") -> tuple[Path, di
     """A checkpoint file or run folder, loaded for evaluation: ``(file, checkpoint dict)``; a missing
     or unreadable file is a one-line :class:`ConfigError` on ``key``."""
     path = checkpoint_file(value)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(key, str(value), f"no checkpoint file at {path}")
     try:
         return path, _load(path)
     except _Unreadable as err:
         raise ConfigError(key, str(value), f"refused {path}: {err}") from None
+
+
+def check_base(ckpt: CheckpointRef, base: dict[str, Any] | None, key: str = "ckpt_path") -> None:
+    """Refuse, in one line, a checkpoint whose frozen weights (left out of it) came from another base
+    than this run's model: ``base`` as ``models.build.base_identity`` gives it."""
+    saved = ckpt.run.get("base")
+    if not saved or base is None:
+        return
+    same = saved.get("sha256") == base.get("sha256") if saved.get("sha256") and base.get("sha256") \
+        else saved.get("path") == base.get("path")
+    if not same:
+        was = f"{saved.get('path')} (sha256 {str(saved.get('sha256'))[:12]})"
+        now = f"{base.get('path')} (sha256 {str(base.get('sha256'))[:12]})"
+        raise ConfigError(key, str(ckpt.path), f"its frozen weights are not in it and came from {was}; this run's "
+                          f"model is {now}: resume with the checkpoint's base (model.path)")
 
 
 # ---- global random generators ---------------------------------------------------------------------

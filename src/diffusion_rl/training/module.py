@@ -48,7 +48,14 @@ from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
 from diffusion_rl.training.checkpoint import RUN_KEY, rng_state, set_rng_state
 from diffusion_rl.training.loggers import wandb_run_id
-from diffusion_rl.training.strategy import clip_grad_norm
+from diffusion_rl.training.strategy import (
+    FSDP2Strategy,
+    broadcast_from_first,
+    clip_grad_norm,
+    fsdp_units,
+    gathered,
+    shard,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +111,48 @@ class DiffusionRLModule(L.LightningModule):
         self.pending_rows: list[tuple[int, dict[str, float]]] = []  # (step, row), flushed by the callback
         self.warm_start: dict[str, Any] | None = None  # provenance, set by train(); rides in checkpoints
         self.run_config: dict[str, Any] | None = None  # the resolved run config, set by train(); rides in checkpoints
+        self.base: dict[str, Any] | None = None  # the frozen weights' source (path, content hash); set by train()
         self.fault: Any = None  # a training.faults.FaultInjector in fault-injection runs (conf/fault)
         self._rng_to_restore: dict[str, Any] | None = None
 
     # ---- Lightning plumbing -------------------------------------------------------------
+    def configure_model(self) -> None:
+        """``trainer=fsdp``: shard the policy (and a frozen reference copy) with FSDP2 and fill every
+        process's shards from the first process's weights (``training/strategy.py``); else nothing.
+        Checkpoints then hold only what trains, so the frozen tensors a checkpoint lacks stay as built."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if not isinstance(strategy, FSDP2Strategy) or fsdp_units(self.policy):
+            return
+        self.strict_loading = False  # checkpoints lack the frozen weights (on_save_checkpoint)
+        first = strategy.global_rank == 0
+        for net in (n for n in (self.policy, self.ref_policy) if n is not None):
+            full = {k: v for k, v in net.state_dict().items()} if first else None  # (unsharded, on the first process)
+            buffers = {k: b.clone() for k, b in net.named_buffers()} if first else None
+            shard(net, strategy.data_parallel_mesh, strategy.options)
+            broadcast_from_first(net, full, buffers, strategy.root_device)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def checkpoint_is_small(self) -> bool:
+        """Whether a checkpoint holds a small part of the policy (LoRA adapters): one file under FSDP."""
+        return has_adapter(self.policy)
+
     def configure_optimizers(self):
         c = self.optim_cfg
-        opt = torch.optim.AdamW(self.policy.parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
+        opt = torch.optim.AdamW(self.trainable_parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
         warm = max(c.warmup_steps, 0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warm + 1)) if warm else 1.0)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # What trained, never a frozen tensor: a frozen base (LoRA) and a frozen reference copy are
+        # rebuilt from the base the run names (checkpoint["run"]["base"], checked on resume), the old
+        # policy equals the policy at every checkpoint. (Under FSDP the strategy already left them out.)
+        state = checkpoint.get("state_dict")
+        if state is not None:
+            for name in self.frozen_names():
+                state.pop(name, None)
         # Plain data only: checkpoints load with weights_only=True. Mask and Gumbel generators are
         # seeded from (seed, rollout_count), the data order is the train loader's state (Lightning).
         checkpoint["rl_state"] = {"rollout_count": self.rollout_count, "skipped_updates": self.skipped_updates,
@@ -123,11 +160,21 @@ class DiffusionRLModule(L.LightningModule):
                                   "reward_failures": getattr(self.task, "reward_failures", 0),
                                   "warm_start": self.warm_start, "rng": rng_state()}
         # what src/eval.py rebuilds (model, tokenizer, task, sampler) and the W&B run a resume continues
-        checkpoint[RUN_KEY] = {"config": self.run_config, "wandb_id": wandb_run_id(self.loggers)}
+        checkpoint[RUN_KEY] = {"config": self.run_config, "wandb_id": wandb_run_id(self.loggers), "base": self.base}
         for logger in self.loggers:  # the metrics on disk reach as far as the checkpoint
             logger.save()
 
+    def frozen_names(self) -> list[str]:
+        """State-dict keys of the tensors that do not train (frozen base, old and reference copies)."""
+        return [name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad]
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        weights = checkpoint.get("state_dict")  # absent under FSDP: the strategy restored the shards
+        if weights is not None:  # frozen tensors as built (the base), the old policy as the policy
+            for name, value in self.state_dict().items():
+                if name not in weights:
+                    twin = "policy." + name.removeprefix("old_policy.")
+                    weights[name] = weights[twin] if name.startswith("old_policy.") and twin in weights else value
         state = checkpoint.get("rl_state", {})
         self.rollout_count = state.get("rollout_count", 0)
         self.skipped_updates = state.get("skipped_updates", 0)
@@ -139,10 +186,6 @@ class DiffusionRLModule(L.LightningModule):
                         "weights are used", saved.get("key"), self.warm_start.get("key"))
         self.warm_start = saved or self.warm_start
         self._rng_to_restore = state.get("rng")  # applied at on_train_start, after Lightning's own setup
-
-    def on_fit_start(self) -> None:
-        if self.old_policy is not None and "FSDP" in type(self.trainer.strategy).__name__:
-            raise ConfigError("old_policy", "copy", "trainer=fsdp needs old_policy=cached (no second, sharded model)")
 
     def _check_data_parallel(self) -> None:
         sampler = getattr(self.trainer.train_dataloader, "sampler", None)
@@ -168,7 +211,8 @@ class DiffusionRLModule(L.LightningModule):
     def rollout(self, items: list[dict[str, Any]]) -> Rollout:
         """Sample, score and compute advantages with the behaviour policy (``rollout.py``)."""
         behaviour = self.old_policy if self.old_policy is not None else self.policy
-        ro = self.rollouts(items, behaviour, self.rollout_count)
+        with gathered(behaviour):  # FSDP: the weights gathered once for every denoising step
+            ro = self.rollouts(items, behaviour, self.rollout_count)
         self.rollout_count += 1
         self.last_rollout = ro
         return ro
@@ -239,7 +283,7 @@ class DiffusionRLModule(L.LightningModule):
             # processes, so scale by their number (distributed.py)
             self.manual_backward(loss * ctx.rollout.shard.world_size)
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        return loss, metrics, clip_grad_norm(self, list(self.policy.parameters()), clip)  # pre-clip; FSDP-aware
+        return loss, metrics, clip_grad_norm(self.trainable_parameters(), clip)  # pre-clip, over every shard
 
     def _log_row(self, row: dict[str, float], step: int) -> None:
         self.last_metrics = row

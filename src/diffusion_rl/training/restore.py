@@ -22,11 +22,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from diffusion_rl.config import from_dict
 from diffusion_rl.errors import ConfigError
+from diffusion_rl.models.build import base_identity
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.training.checkpoint import (
     RUN_KEY,
     RUNS_ROOT,
+    CheckpointRef,
+    check_base,
     load_checkpoint,
+    load_sharded_tensors,
     newest_run_checkpoint,
 )
 
@@ -101,18 +105,33 @@ def check_architecture(trained: dict[str, Any], wanted: dict[str, Any], ckpt: st
                           f"model.{key}={a[key]!r}: another network; drop the model override")
 
 
-def restore_policy(bundle: PolicyBundle, blob: dict[str, Any], path: Path, value: str) -> None:
-    """Load the checkpoint's ``policy.*`` weights into ``bundle.net`` (every tensor must match)."""
-    state = blob["state_dict"]
+def restore_policy(bundle: PolicyBundle, blob: dict[str, Any], path: Path, value: str,
+                   model: ModelConfig | None = None, cache_dir: str | None = None) -> None:
+    """Load the checkpoint's ``policy.*`` weights into ``bundle.net``: every tensor it holds must fit;
+    those it leaves out must be frozen ones (a LoRA base), which ``bundle`` was built with from the
+    base the checkpoint names (path and content hash, checked here: ``model``, ``cache_dir``).
+    A sharded checkpoint folder (FSDP) is read in this process alone."""
+    own = bundle.net.state_dict()
+    if "sharded" in blob:  # a torch.distributed.checkpoint folder: its tensors, shaped as this network's
+        wanted = {k: own[k.removeprefix("policy.")] for k in blob["sharded"]
+                  if k.startswith("policy.") and k.removeprefix("policy.") in own}
+        state = load_sharded_tensors(path, wanted)
+    else:
+        state = blob["state_dict"]
     policy = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
     try:
         missing, unexpected = bundle.net.load_state_dict(policy, strict=False)
     except RuntimeError as err:  # shape mismatches
         shapes = "; ".join(line.strip() for line in str(err).splitlines()[1:3])
         raise ConfigError("ckpt_path", value, f"{path} does not fit the model config ({shapes[:200]})") from None
-    if missing or unexpected:
+    frozen = {n for n, p in bundle.net.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    if unexpected or set(missing) - frozen or (missing and "sharded" in blob and len(policy) < len(wanted)):
         raise ConfigError("ckpt_path", value, f"{path} does not fit the model config "
-                          f"(missing {len(missing)}, unexpected {len(unexpected)} tensors)")
+                          f"(missing {len(set(missing) - frozen)}, unexpected {len(unexpected)} tensors)")
+    if missing and model is not None:  # the frozen weights are this build's: the checkpoint's base?
+        run = blob.get(RUN_KEY) or {}
+        ref = CheckpointRef(path, int(blob.get("global_step", 0)), dict(run) if isinstance(run, dict) else {})
+        check_base(ref, base_identity(bundle, model, cache_dir))
 
 
 def load_run_checkpoint(cfg: DictConfig, value: str, overrides: list[str]) -> tuple[DictConfig, Path, dict[str, Any]]:
