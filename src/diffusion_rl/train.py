@@ -22,9 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from diffusion_rl.advantages import ADVANTAGES, AdvantageEstimator
 from diffusion_rl.config import from_dict
+from diffusion_rl.distributed import is_first_process
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
-from diffusion_rl.models.build import build_policy
+from diffusion_rl.models.build import base_identity, build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, check_cache_support
 from diffusion_rl.objectives import OBJECTIVES, Objective
 from diffusion_rl.rollout import RolloutConfig
@@ -35,11 +36,12 @@ from diffusion_rl.training.callbacks import DiagnosticsCallback
 from diffusion_rl.training.checkpoint import (
     AtomicCheckpointIO,
     RunCheckpoint,
+    check_base,
     continue_csv_log,
     resolve_checkpoint,
 )
 from diffusion_rl.training.diagnostics import DiagnosticsConfig
-from diffusion_rl.training.evaluation import PeriodicEval, evaluate, expected_warnings_silenced
+from diffusion_rl.training.evaluation import PeriodicEval, expected_warnings_silenced
 from diffusion_rl.training.faults import FaultConfig, FaultInjector
 from diffusion_rl.training.loggers import ResumePoint, check_loggers, finish_loggers, make_loggers
 from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
@@ -54,11 +56,14 @@ log = logging.getLogger(__name__)
 class TrainerConfig:
     max_steps: int = 200  # optimizer steps (conf/trainer/default.yaml)
     accelerator: str = "auto"
-    devices: Any = 1
+    devices: Any = 1  # per node
+    num_nodes: int = 1  # torchrun --nnodes / SLURM --nodes (README, "Several nodes")
     strategy: str = "auto"
     strategy_kwargs: dict[str, Any] = field(default_factory=dict)  # training/strategy.py (ddp, fsdp)
     precision: str = "32-true"
     checkpoint_every_n_steps: int = 50
+    # step checkpoints kept besides last.ckpt: the newest k (-1: every one, 0: none)
+    keep_last_k: int = 2
     enable_progress_bar: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # passed to lightning.Trainer as is
 
@@ -67,6 +72,10 @@ class TrainerConfig:
             raise ConfigError("trainer.max_steps", self.max_steps, "must be >= 1")
         if self.checkpoint_every_n_steps < 0:
             raise ConfigError("trainer.checkpoint_every_n_steps", self.checkpoint_every_n_steps, "must be >= 0 (0 = only last)")
+        if self.keep_last_k < -1:
+            raise ConfigError("trainer.keep_last_k", self.keep_last_k, "must be >= -1 (-1 = every checkpoint, 0 = only last)")
+        if self.num_nodes < 1:
+            raise ConfigError("trainer.num_nodes", self.num_nodes, "must be >= 1")
 
 
 @dataclass
@@ -146,8 +155,11 @@ def warm_start_key(cfg: DictConfig) -> dict[str, Any]:
             "seed": cfg.seed}
 
 
-def build(cfg: DictConfig) -> Components:
-    """Validate every config group and build the pieces; any bad value fails here, before work starts."""
+def build(cfg: DictConfig, meta: bool = False) -> Components:
+    """Validate every config group and build the pieces; any bad value fails here, before work starts.
+
+    ``meta``: the policy's tensors on the ``meta`` device, no memory (an FSDP process other than the
+    first, which receives its shards from the first: ``training/strategy.py``)."""
     task = build_task(cfg.task)
     model_cfg = from_dict(ModelConfig, cfg.model, "model")
     lik_cls = LIKELIHOODS.get(cfg.likelihood.name)
@@ -160,7 +172,10 @@ def build(cfg: DictConfig) -> Components:
     optim = from_dict(OptimConfig, cfg.optim, "optim")
     trainer = from_dict(TrainerConfig, cfg.trainer, "trainer")
     run = run_config(cfg)
-    bundle = build_policy(model_cfg)
+    if trainer.strategy == "fsdp" and run.old_policy == "copy":
+        raise ConfigError("old_policy", "copy", "trainer=fsdp takes old_policy=cached (the old values are taken at "
+                          "rollout time: no second, sharded model)")
+    bundle = build_policy(model_cfg, meta=meta)
     task.use_tokenizer(bundle.tokenizer)  # chat prompts use the model's chat template
     likelihood = lik_cls(lik_cfg, bundle.mask_token_id)
     likelihood.bind(bundle)  # an estimator that depends on the model checks it here (staircase: a block model)
@@ -178,7 +193,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     L.seed_everything(run_config(cfg).seed, workers=True, verbose=False)  # a bad root value fails here
-    c = build(cfg)
+    first = is_first_process()
+    c = build(cfg, meta=cfg.trainer.strategy == "fsdp" and not first)  # FSDP: the first process loads the weights
     fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
     check_loggers(cfg)
     datamodule = TaskDataModule(c.task, c.run.rollout.oversample)
@@ -189,58 +205,65 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     progress = c.trainer.enable_progress_bar
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
     eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
-    periodic = PeriodicEval(c.task, test_items, eval_sampler, c.run.eval.batch_size, c.run.eval.every_n_steps,
-                            periodic_items=datamodule.validation_items())
-    ckpt_cb = RunCheckpoint(
-        dirpath=run_dir / "checkpoints", save_last=True, save_top_k=-1 if c.trainer.checkpoint_every_n_steps else 0,
-        every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
+    ev = c.run.eval
+    periodic = PeriodicEval(c.task, test_items, eval_sampler, ev.batch_size, ev.every_n_steps, before=ev.before,
+                            after=ev.after, periodic_items=datamodule.validation_items(), progress=progress)
+    keep = c.trainer.keep_last_k if c.trainer.checkpoint_every_n_steps else 0
+    ckpt_cb = RunCheckpoint(  # the newest keep_last_k step checkpoints (by step) and last.ckpt
+        dirpath=run_dir / "checkpoints", save_last=True, save_top_k=keep, monitor="step" if keep > 0 else None,
+        mode="max", every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
         auto_insert_metric_name=False, enable_version_counter=False,  # resume overwrites last.ckpt
     )
     with expected_warnings_silenced():
         loggers = make_loggers(cfg, run_dir, ResumePoint(ckpt.global_step, ckpt.run.get("wandb_id")) if ckpt else None)
         trainer = make_trainer(c, run_dir, loggers, [ckpt_cb, diagnostics, periodic] + ([RLProgressBar()] if progress else [])
                                + ([FaultInjector(fault)] if fault.kind != "none" else []))
-        if ckpt is not None:  # resuming in this folder: keep the metric rows up to the checkpoint
+        if ckpt is not None and first:  # resuming in this folder: keep the metric rows up to the checkpoint
             continue_csv_log(loggers, ckpt.global_step)
         # the run starts: everything above only checked the config
         provenance = None
-        if c.run.warmstart.enabled:
+        if c.run.warmstart.enabled and (first or c.trainer.strategy != "fsdp"):  # FSDP: the others receive it
             provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, warm_start_key(cfg),
                                     cfg.paths.cache_dir, progress)
         config = OmegaConf.to_container(cfg, resolve=True)
         summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance, "config": config}
-        if c.run.eval.before:
-            summary["before"], _ = evaluate(c.bundle, c.task, test_items, eval_sampler, c.run.eval.batch_size,
-                                            "evaluating before RL" if progress else None)
-            periodic.before = summary["before"] if ckpt is None else None  # a resumed run logged it already
+        base = base_identity(c.bundle, from_dict(ModelConfig, cfg.model, "model"), cfg.paths.cache_dir) if first else None
+        if ckpt is not None and first:
+            check_base(ckpt, base)
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
                                    old_policy=c.run.old_policy, oversample=c.run.rollout.oversample)
-        module.warm_start = provenance
+        module.warm_start, module.base = provenance, base
         module.run_config = config  # type: ignore[assignment]
         t_fit = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
         fit_s = time.perf_counter() - t_fit
-    if not trainer.is_global_zero:  # data parallel: the first process evaluates and writes the summary
-        return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step)}
-    sharded = "FSDP" in type(trainer.strategy).__name__  # the policy's weights are sharded over processes
-    if sharded and c.run.eval.after:
-        log.warning("eval.after is skipped under FSDP: evaluate the saved checkpoint with src/eval.py")
-    if c.run.eval.after and not sharded:
-        summary["after"], records = evaluate(c.bundle, c.task, test_items, eval_sampler, c.run.eval.batch_size,
-                                             "evaluating after RL" if progress else None)
-        periodic.record(trainer, summary["after"])
+    peak = peak_host_memory_gib()
+    log.info("peak host memory of process %d: %.2f GiB", trainer.global_rank, peak)
+    if not trainer.is_global_zero:  # data parallel: the first process writes the summary
+        return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step), "peak_host_memory_gib": peak}
+    if periodic.before is not None:
+        summary["before"] = periodic.before
+    if periodic.after is not None:
+        summary["after"] = periodic.after
         with open(run_dir / "eval_generations.jsonl", "w") as f:
-            for r in records:
+            for r in periodic.records:
                 f.write(json.dumps(r) + "\n")
     summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
                     "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
                     "num_test_items": len(test_items), "metric_definitions": c.task.metric_definitions(),
                     "validation": periodic.history,
-                    "fit_s": fit_s, "wall_s": time.perf_counter() - t_start})
+                    "fit_s": fit_s, "wall_s": time.perf_counter() - t_start, "peak_host_memory_gib": peak})
     with open(run_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2, default=str)
     finish_loggers(loggers, summary)
     return summary
+
+
+def peak_host_memory_gib() -> float:
+    """This process's peak resident memory so far (what the OS counts, allocator caches included)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -> L.Trainer:
@@ -251,8 +274,8 @@ def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -
     t = c.trainer
     try:
         return L.Trainer(
-            max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=t.devices,
-            strategy=make_strategy(t.strategy, t.strategy_kwargs, c.bundle.net),
+            max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
+            strategy=make_strategy(t.strategy, t.strategy_kwargs),
             precision=t.precision,  # type: ignore[arg-type]  # checked by Lightning, a bad value -> ConfigError below
             logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()], enable_progress_bar=t.enable_progress_bar,
             enable_model_summary=False, default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **t.extra,

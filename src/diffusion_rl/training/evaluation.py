@@ -1,5 +1,15 @@
-"""Greedy evaluation of a policy on a task's items, batched, with a progress bar; during RL every
-``eval.every_n_steps`` optimizer steps (:class:`PeriodicEval`, ``eval/<metric>`` in the loggers)."""
+"""Greedy evaluation of a policy on a task's items, batched, with a progress bar; during RL before the
+first update, every ``eval.every_n_steps`` optimizer steps and after the last one
+(:class:`PeriodicEval`, ``eval/<metric>`` and ``val/<metric>`` in the loggers).
+
+Every evaluation of a training run happens inside the fit, on the strategy's device (an 8B model is
+never evaluated where it was loaded, nor after Lightning's teardown moved it back to the CPU), in
+batches of ``eval.batch_size`` prompts. Under data parallelism each process generates the
+completions of its share of the items (every ``W``-th), the completions are gathered in item order
+and the first process scores them, so the metrics equal a one-process evaluation of the same
+completions; under FSDP the weights are gathered once per evaluation (``training/strategy.py``
+:func:`~diffusion_rl.training.strategy.gathered`), so processes may take different numbers of batches.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +21,13 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.training.strategy import gathered
 
 
 @torch.no_grad()
@@ -27,21 +39,50 @@ def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerCon
     device = next(net.parameters()).device
     out: list[str] = []
     starts = range(0, len(prompts), batch_size)
-    for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
-        ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
-        res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, generator,
-                              eos_id=bundle.eos_token_id)
-        out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
+    with gathered(net):  # FSDP: one all-gather for every batch below; a no-op otherwise
+        for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
+            ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
+            res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, generator,
+                                  eos_id=bundle.eos_token_id)
+            out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
     net.train(was_training)
     return out
 
 
+def _group() -> tuple[int, int]:
+    """(rank, number of processes) of the default process group; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: SamplerConfig,
              batch_size: int, desc: str | None = "evaluating") -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Greedy (``temperature = 0``) generations, the task's metrics, and one record per item."""
+    """Greedy (``temperature = 0``) generations, the task's metrics, and one record per item.
+
+    With several processes every process must call it (each generates its share of ``items``); all
+    return the same metrics, the first process the records (the others an empty list)."""
+    rank, world = _group()
     greedy = replace(sampler, temperature=0.0)
+    mine = items[rank::world]
+    texts = generate_texts(bundle, [task.prompt(it) for it in mine], greedy, batch_size,
+                           desc=desc if rank == 0 else None)
+    if world > 1:  # every process's completions, back in item order
+        parts: list[list[str]] = [[] for _ in range(world)]
+        dist.all_gather_object(parts, texts)
+        texts = [parts[i % world][i // world] for i in range(len(items))]
+    result: list[Any] = [None]
+    if rank == 0:  # rewards may be expensive (code tasks run programs): scored once
+        result = [score(task, items, texts)]
+    if world > 1:
+        dist.broadcast_object_list(result, src=0)
+    metrics, records = result[0]
+    return metrics, records if rank == 0 else []
+
+
+def score(task, items: list[dict[str, Any]], completions: list[str]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The task's metrics of ``completions`` and one record per item (prompt, completion, reward, gold)."""
     prompts = [task.prompt(it) for it in items]
-    completions = generate_texts(bundle, prompts, greedy, batch_size, desc=desc)
     metrics = task.metrics(completions, items)
     rewards = task.rewards(completions, items).tolist()
     extra = task.details(completions, items)
@@ -51,66 +92,80 @@ def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: S
 
 
 class PeriodicEval(L.Callback):
-    """Held-out metrics during training: the warm start's at step 0 (``before``) and the final
-    policy's (:meth:`record`, called by ``train``) on the test items as ``eval/<metric>``; every
-    ``every_n_steps`` optimizer steps (and at step 0) on the validation split (``periodic_items``)
-    as ``val/<metric>``, so curves and tuning never read the test set. Greedy decoding draws no
-    random numbers: an evaluated run trains exactly as one that is not.
+    """Held-out metrics during training, inside the fit on the training device.
 
-    Evaluates on the first process only when a single process trains (the weights are whole there);
-    with several processes it evaluates before and after RL only.
+    - before the first update (``before``), on the test items, as ``eval/<metric>`` at step 0;
+    - every ``every_n_steps`` optimizer steps (and at step 0) on the validation split
+      (``periodic_items``) as ``val/<metric>``, so curves and tuning never read the test set;
+    - after the last update (``after``), on the test items, as ``eval/<metric>``; its records (one per
+      item) are kept in :attr:`records` for ``eval_generations.jsonl``.
+
+    Greedy decoding draws no random numbers: an evaluated run trains exactly as one that is not. A
+    resumed run keeps the ``before`` metrics and the validation history of the run it continues
+    (they ride in the checkpoint) and evaluates at the same steps.
     """
 
     def __init__(self, task, items: list[dict[str, Any]], sampler: SamplerConfig, batch_size: int,
-                 every_n_steps: int, before: dict[str, float] | None = None,
-                 periodic_items: list[dict[str, Any]] | None = None):
+                 every_n_steps: int, before: bool = True, after: bool = True,
+                 periodic_items: list[dict[str, Any]] | None = None, progress: bool = False):
         self.task, self.items, self.sampler, self.batch_size = task, items, sampler, batch_size
-        self.every_n_steps, self.before = every_n_steps, before
+        self.every_n_steps, self.do_before, self.do_after, self.progress = every_n_steps, before, after, progress
         self.periodic_items = items if periodic_items is None else periodic_items
         self.prefix = "eval" if periodic_items is None else "val"
         self.logged_step = -1  # rides in checkpoints: a resumed run evaluates at the same steps
         self.history: list[dict[str, float]] = []  # the periodic rows: {"step": s, "val/<metric>": v}
+        self.before: dict[str, float] | None = None
+        self.after: dict[str, float] | None = None
+        self.records: list[dict[str, Any]] = []  # the test items after RL (first process)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"logged_step": self.logged_step, "history": self.history}
+        return {"logged_step": self.logged_step, "history": self.history, "before": self.before}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.logged_step = int(state_dict.get("logged_step", -1))
         self.history = list(state_dict.get("history", []))
+        self.before = state_dict.get("before")
+
+    def _run(self, pl_module, items: list[dict[str, Any]], desc: str) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        return evaluate(pl_module.bundle, self.task, items, self.sampler, self.batch_size,
+                        desc if self.progress else None)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.global_step == 0:  # a resumed run logged these already
-            if self.before is not None:
+        if trainer.global_step == 0:  # a resumed run evaluated these already
+            if self.do_before:
+                self.before, _ = self._run(pl_module, self.items, "evaluating before RL")
                 self.record(trainer, self.before)
             if self.every_n_steps:
                 self._periodic(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, every = trainer.global_step, self.every_n_steps
-        if not every or step // every <= self.logged_step // every or trainer.world_size > 1:
-            return
-        self._periodic(trainer, pl_module)
+        if every and step // every > self.logged_step // every:
+            self._periodic(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.do_after:
+            self.after, self.records = self._run(pl_module, self.items, "evaluating after RL")
+            self.record(trainer, self.after)
 
     def _periodic(self, trainer, pl_module) -> None:
-        if trainer.world_size > 1 or not self.periodic_items:
+        if not self.periodic_items:
             return
-        metrics, _ = evaluate(pl_module.bundle, self.task, self.periodic_items, self.sampler, self.batch_size, desc=None)
+        metrics, _ = self._run(pl_module, self.periodic_items, "evaluating (validation)")
         self.record(trainer, metrics, self.prefix)
 
     def record(self, trainer, metrics: dict[str, float], prefix: str = "eval") -> None:
         """``<prefix>/<metric>`` at the current optimizer step, written to disk now."""
         step = trainer.global_step
-        if not trainer.is_global_zero:
-            return
         self.logged_step = step
         row = {f"{prefix}/{k}": float(v) for k, v in metrics.items()}
         if prefix != "eval":
             self.history.append({"step": float(step), **row})
+        if not trainer.is_global_zero:
+            return
         for logger in trainer.loggers:
             logger.log_metrics(row, step=step)
             logger.save()
-
-
 # Lightning warnings every run would print, each expected here (the reason next to it)
 EXPECTED_WARNINGS = (
     # the frozen old-policy and reference copies are in eval mode on purpose
@@ -120,6 +175,9 @@ EXPECTED_WARNINGS = (
     # metrics.csv goes into the run folder, which always holds Hydra's files; a resumed run keeps
     # its rows up to the checkpoint (checkpoint.continue_csv_log) and nothing else is there to delete
     r"Experiment logs directory .* exists and is not empty",
+    # FSDP2 (trainer=fsdp): every decoder layer returns its keys/values (views) for the sampler's
+    # cache beside its output; nothing modifies them in place, which is what the warning is about
+    r"FSDP2-wrapped module \(.*\) returned a view tensor",
 )
 
 
