@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -42,6 +42,7 @@ def run_hydra_app(main: Callable[[], object], conf_dir: Path) -> None:
     global _job_started
     _job_started = False
     with exit_on_config_error():
+        sys.argv[1:] = sys.argv[1:] + launcher_overrides(sys.argv[1:], os.environ)
         check_group_choices(sys.argv[1:], conf_dir)
         try:
             main()
@@ -49,6 +50,34 @@ def run_hydra_app(main: Callable[[], object], conf_dir: Path) -> None:
             if _job_started or not _is_command_line_error(err):
                 raise
             raise hydra_error(err, sys.argv[1:]) from None
+
+
+def launcher_overrides(argv: list[str], env: Mapping[str, str]) -> list[str]:
+    """What a process started by torchrun or SLURM's ``srun`` adds to its command line.
+
+    Such a launcher starts every process of a run itself (Lightning's own launcher, used for
+    ``trainer.devices`` on one machine, passes its processes their folder), and each composes its
+    config: all must write into one run folder, so ``hydra.run.dir`` is given (or, under SLURM,
+    derived from the job id), and only the first process writes Hydra's files there; the others log
+    to ``train_process_<rank>.log`` beside them."""
+    ranks = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
+    torchrun, slurm = "TORCHELASTIC_RUN_ID" in env, "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+    if ranks <= 1 or not (torchrun or slurm):
+        return []
+    if any(a in ("-m", "--multirun") for a in argv):
+        raise ConfigError("--multirun", True, "a sweep cannot run under torchrun or srun: launch one run per job")
+    extra = []
+    if not any(a.startswith("hydra.run.dir=") for a in argv):
+        run_id = env.get("SLURM_JOB_ID") if slurm else env.get("TORCHELASTIC_RUN_ID")
+        if not run_id or run_id == "none":
+            raise ConfigError("hydra.run.dir", None, "give it when torchrun starts several processes: every process "
+                              "writes into the same run folder (e.g. hydra.run.dir=outputs/runs/my_run, on a file "
+                              "system every node sees)")
+        extra.append(f"hydra.run.dir=outputs/runs/{'slurm' if slurm else 'torchrun'}-{run_id}")
+    rank = int(env.get("RANK") or env.get("SLURM_PROCID") or 0)
+    if rank > 0:
+        extra += ["hydra.output_subdir=null", f"hydra.job.name=train_process_{rank}"]
+    return extra
 
 
 def hydra_job(fn: Callable[[Path], T]) -> T | None:
