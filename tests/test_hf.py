@@ -377,27 +377,26 @@ def test_old_policy_value_is_checked(tmp_path):
 
 
 # ---- strategies ----------------------------------------------------------------------------------
-def test_trainer_configs_and_fsdp_wraps_decoder_layers(tmp_path, hf_path):
-    from lightning.pytorch.strategies import FSDPStrategy
+def test_trainer_configs_and_fsdp_shards_decoder_layers(tmp_path, hf_path):
+    """The trainer presets validate; FSDP2 units are the decoder layers (tests/test_fsdp.py trains through them)."""
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from diffusion_rl.config import from_dict
     from diffusion_rl.models.tiny import Block
     from diffusion_rl.train import TrainerConfig
-    from diffusion_rl.training.strategy import make_strategy
+    from diffusion_rl.training.strategy import FSDP2Strategy, decoder_layer_classes, make_strategy
 
     for name in ("gpu", "ddp", "fsdp"):
         from_dict(TrainerConfig, compose_cfg([f"trainer={name}"], tmp_path).trainer, "trainer")
     fsdp = from_dict(TrainerConfig, compose_cfg(["trainer=fsdp"], tmp_path).trainer, "trainer")
+    s = make_strategy(fsdp.strategy, fsdp.strategy_kwargs)
+    assert isinstance(s, FSDP2Strategy) and s.options.param_dtype == "bfloat16" and s.options.reduce_dtype == "float32"
     hf = build_policy(ModelConfig(name="hf", path=str(hf_path), lora_r=4 if HAS_PEFT else 0))
-    s = make_strategy(fsdp.strategy, fsdp.strategy_kwargs, hf.net)
-    assert isinstance(s, FSDPStrategy) and s.kwargs["auto_wrap_policy"]._module_classes == {
-        LlamaDecoderLayer
-    }
-    tiny = build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
-    s = make_strategy("fsdp", {"auto_wrap": "decoder_layers"}, tiny.net)
-    assert s.kwargs["auto_wrap_policy"]._module_classes == {Block}
-    assert make_strategy("ddp", {}, tiny.net) == "ddp"
+    assert decoder_layer_classes(hf.net) == {LlamaDecoderLayer}
+    assert decoder_layer_classes(build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2)).net) == {Block}
+    assert make_strategy("ddp", {}) == "ddp"
+    with pytest.raises(ConfigError, match="trainer.strategy_kwargs.param_dtype='fp8' is invalid"):
+        make_strategy("fsdp", {"param_dtype": "fp8"})
 
 
 def test_rollout_batch_size_splits_generation_without_changing_the_first_call(tmp_path):

@@ -234,12 +234,11 @@ def test_activation_checkpointing_gives_the_same_gradients(folders, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_lora_targets_the_native_projections_and_fsdp_wraps_decoder_layers(folders, arch, tmp_path):
+def test_lora_targets_the_native_projections_and_fsdp_shards_decoder_layers(folders, arch, tmp_path):
+    """Which modules LoRA and FSDP2 units take (tests/test_fsdp.py trains through them)."""
     pytest.importorskip("peft")
-    from lightning.pytorch.strategies import FSDPStrategy
-
     from diffusion_rl.config import from_dict
-    from diffusion_rl.training.strategy import make_strategy
+    from diffusion_rl.training.strategy import decoder_layer_classes
 
     from .helpers import compose_cfg
 
@@ -255,7 +254,4 @@ def test_lora_targets_the_native_projections_and_fsdp_wraps_decoder_layers(folde
     head = "model.transformer.ff_out" if arch == "llada" else "lm_head"
     assert not any(head + ".lora" in n for n, _ in b.net.named_parameters())  # the output head stays frozen
     assert all("lora_" in n for n, p in b.net.named_parameters() if p.requires_grad)
-    s = make_strategy("fsdp", {"auto_wrap": "decoder_layers"}, b.net)
-    assert isinstance(s, FSDPStrategy)
-    assert {c.__name__ for c in s.kwargs["auto_wrap_policy"]._module_classes} == {
-        "llada": {"LLaDABlock"}}.get(arch, {"QwenDecoderLayer"})
+    assert {c.__name__ for c in decoder_layer_classes(b.net)} == {"llada": {"LLaDABlock"}}.get(arch, {"QwenDecoderLayer"})
