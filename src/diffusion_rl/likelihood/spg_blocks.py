@@ -33,6 +33,8 @@ Reproduced without a switch: positions outside the completion mask are always ma
 scored (the EOS padding never conditions anything), and ``t_k`` = masked count / completion length.
 Deviations: the random numbers come from one local generator per row (:func:`rand_rows`), so the old
 and new policy see the same masks (SPG seeds the global RNG once per iteration for the whole batch);
+the scored positions are those drawn (SPG reads them back as ``noisy == mask_id``, which also counts
+a completion token that *is* the mask token, as an untrained sampler may commit);
 prompt padding is never masked (SPG's draw covers padded prompt positions too); a completion
 length that is not a multiple of ``block_length`` ends in a shorter block and ``K > n`` makes sample
 ``k`` use ``perm[k mod n]`` (SPG asserts against both); the mask passed in may have holes
