@@ -250,7 +250,8 @@ def test_config_selects_one_step_and_unscaled_advantages(tmp_path):
     assert cfg.likelihood.name == "one_step" and cfg.likelihood.p_mask_prompt == 0.15
     assert cfg.advantage.name == "group"
     c = build(cfg)
-    assert isinstance(c.objective, WD1) and c.objective.cfg.mu == 8
+    assert isinstance(c.objective, WD1) and c.objective.cfg.mu == 1  # the CPU job's (the dataclass: 8)
+    assert WD1Config().mu == 8
 
 
 @pytest.mark.parametrize("overrides,key", [

@@ -27,6 +27,8 @@ Deviations from the public code:
 - prompt masks are per sample (seeds ``mask_seeds(run_seed, rollout, sample, inner_iter)``; the
   public code seeds one mask per iteration for the batch), only real prompt tokens are masked, and
   the forward reads the attention mask (the public one passes none; its groups have no padding);
+- inner updates: the dataclass keeps the public 8 uncorrected reuses of a rollout; the CPU Sudoku
+  job runs 1 (``conf/objective/wd1.yaml``: 8 collapsed there);
 - KL anchor: the public code computes none (its ``beta``/``epsilon`` are unused); here
   ``objective.beta`` (0.04 by default, the project's Sudoku anchor: its reward ignores the given
   cells) adds the shared per-token k3 KL to the warm start; ``beta=0`` is the public setting;
