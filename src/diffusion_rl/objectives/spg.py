@@ -9,8 +9,12 @@ For sample ``i`` with advantage ``A_i = r_i - mean_G(r)`` and ``len_i`` completi
 ``ELBO_i`` = mean over Monte Carlo samples ``k`` of the mean log p of the masked completion tokens;
 ``EUBO_i = (1/beta) * mean_l log mean_k [ p_kl^beta * m_kl / t_k ]`` over the tokens masked in some
 sample (``likelihood/elbo.py``'s ``eubo_from_logps``), ``t_k`` the share of the completion masked.
-Pushing a bad sample's likelihood down through an upper bound, and a good one's up through a lower
-bound, keeps both steps on the safe side of the true log pi. No ratio, no clip, no KL in the method.
+The paper's argument: a good sample's likelihood is pushed up through a lower bound and a bad one's
+down through an upper bound, so neither step is taken on an overestimate. This per-token EUBO is a
+mean-field bound: on an exactly enumerated 2-token completion it lies above log p / L only where
+revealing a token moves the other's probability the same way for both (``tests/test_spg.py``). No
+ratio, no clip, no KL in the method. Metrics: ``spg/frac_upper`` (share of rows on the upper-bound
+side) and ``spg/upper_minus_elbo`` (their mean ``s_i - ELBO_i``).
 
 Source: Wang et al. 2025, "SPG: Sandwiched Policy Gradient for Masked Diffusion Language Models"
 (arXiv:2510.09541); facebookresearch/SPG @ a1c7120, ``spg/spg_trainer.py``: ``compute_loss``
