@@ -10,7 +10,8 @@ An objective turns one rollout batch into a scalar loss for one inner update, in
 
        loss_fn(logp, old_logp, advantages, mask, cfg, *, group_size, surrogate=None) -> (loss, metrics)
 
-   ``logp`` (B, U) with gradients, ``old_logp`` (B, U) of the behaviour policy, ``advantages`` (B, U)
+   ``logp`` (B, U) with gradients, ``old_logp`` (B, U) of the behaviour policy (``None`` for a
+   ratio-free objective that did not score it, :meth:`Objective.needs_old_values`), ``advantages`` (B, U)
    or (B, 1), ``mask`` (B, U), ``cfg`` the objective's config, ``group_size`` G (rows ``g*G..g*G+G-1``
    share a prompt), ``surrogate`` (B, U) a term that carries the gradient in place of ``logp`` (only
    StableDRL's ``spg_mix`` passes one; the others ignore it);
@@ -250,6 +251,13 @@ class Objective(ABC):
         return mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0],
                           ctx.inner_iter + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
 
+    def needs_old_values(self) -> bool:
+        """Whether each inner update scores the behaviour policy (:meth:`old_values`). True wherever the
+        loss reads a ratio; a ratio-free objective (``spg``, ``wd1``) returns False unless a diagnostic
+        or a behaviour correction asks for it, and then no forward is spent on the old policy, the
+        module keeps no frozen copy of it and the loss gets ``old_logp=None``."""
+        return True
+
     def old_values(self, ctx: StepContext) -> torch.Tensor:
         """What inner update ``ctx.inner_iter`` needs from the behaviour policy ``ctx.old_policy``:
         its log-likelihood units, (n, U). Called without gradients."""
@@ -266,6 +274,8 @@ class Objective(ABC):
     def precompute_old(self, ctx: StepContext, num_iters: int) -> None:
         """Fill ``ctx.old_values`` for inner iterations ``0 .. num_iters - 1`` (``ctx.old_policy`` must
         be the behaviour policy now)."""
+        if not self.needs_old_values():
+            return
         with torch.no_grad():
             for it in range(num_iters):
                 ctx.inner_iter = it
@@ -294,7 +304,7 @@ class Objective(ABC):
     def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss of the *global* batch for one inner update and its detached metrics."""
         ro, c = ctx.rollout, self.cfg
-        old = self.behaviour(ctx)
+        old = self.behaviour(ctx) if self.needs_old_values() else None
         ref = None
         if c.beta > 0 and ctx.ref_policy is not None:
             with torch.no_grad():
@@ -302,8 +312,9 @@ class Objective(ABC):
         s = self.score(ctx, ctx.policy, "policy")
         g = ro.shard.gather  # every process's rows (identity on one process)
         surrogate = None if s.surrogate is None else g(s.surrogate)
-        adv, behaviour = self.corrected_advantages(ctx, g(old), g(s.mask))
-        loss, metrics = self.policy_loss(g(s.logp), g(old), adv, g(s.mask), c,
+        old = None if old is None else g(old)
+        adv, behaviour = self.corrected_advantages(ctx, old, g(s.mask))
+        loss, metrics = self.policy_loss(g(s.logp), old, adv, g(s.mask), c,
                                          group_size=ro.group_size, surrogate=surrogate)
         metrics.update(behaviour)
         if ref is not None:
@@ -314,12 +325,18 @@ class Objective(ABC):
         metrics.update(self.extra_metrics(ctx))
         return loss, metrics
 
-    def corrected_advantages(self, ctx: StepContext, old: torch.Tensor,
+    def corrected_advantages(self, ctx: StepContext, old: torch.Tensor | None,
                              mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The global batch's advantages, times the truncated importance weights with
-        ``behaviour_correction=tis``, and the mismatch metrics. ``old`` and ``mask`` (N, U) gathered."""
+        ``behaviour_correction=tis``, and the mismatch metrics. ``old`` and ``mask`` (N, U) gathered;
+        ``old=None`` (the behaviour policy was not scored): no mismatch to measure."""
         c, g = self.cfg, ctx.rollout.shard.gather
         adv = g(self.unit_advantages(ctx))
+        if old is None:
+            if c.behaviour_correction != "none":  # needs_old_values() must say True then
+                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the behaviour "
+                                   "policy's values, which this objective did not compute")
+            return adv, {}
         q = self.sampler_units(ctx)
         if q is None:
             if c.behaviour_correction != "none":

@@ -99,7 +99,9 @@ class DiffusionRLModule(L.LightningModule):
         self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, seed, oversample)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
-        self.old_policy = copy_net() if old_policy == "copy" else None
+        # a ratio-free objective that scores no behaviour policy needs no frozen copy of it: the
+        # rollout then samples with the policy itself, as with old_policy=cached
+        self.old_policy = copy_net() if old_policy == "copy" and objective.needs_old_values() else None
         self.needs_ref = objective.cfg.beta > 0
         self.ref_policy = copy_net() if self.needs_ref and not has_adapter(bundle.net) else None
         self.automatic_optimization = False
