@@ -60,7 +60,7 @@ def coupled_grpo_loss(
     old_logp: torch.Tensor,  # (B, L) the behaviour policy's, on the same masks
     advantages: torch.Tensor,  # (B, 1) or (B, L)
     mask: torch.Tensor,  # (B, L) the completion tokens that count
-    cfg: CoupledGRPOConfig,
+    cfg: GRPOConfig,  # eps, eps_high
     *,
     group_size: int,
     surrogate: torch.Tensor | None = None,
