@@ -17,7 +17,7 @@ Source: DiffuCoder (Gong et al. 2025), apple/ml-diffucoder @ f735e01, ``src/open
 
 - *One t per batch.* The public code draws one ``t`` per call from the global generator reseeded with
   the iteration's mask seed, so every row of an iteration shares it (and, through that reseeding, every
-  micro-batch and device shares ``t`` and the same uniform row at the same offset). Here
+  micro-batch of a device shares ``t`` and reuses the same uniform rows at the same offsets). Here
   ``t_per=batch`` (default) draws one ``t`` for the rows of a call from a local generator seeded from
   all of their mask seeds (:func:`~diffusion_rl.likelihood.base.batch_seed`), i.e. from the run seed,
   the rollout id and the inner iteration; the per-token uniforms ``u`` come from each row's own

@@ -24,6 +24,9 @@ log-probs on each iteration's mask seed, ``leave_one_out = True``). Deviations:
   complement; see ``likelihood/complementary.py``), where the public code reseeds the global generator
   with ``mask_seeds`` drawn per rollout (``random_masking``) and reuses each uniform row across
   micro-batches;
+- the token mean runs over the whole rollout batch (gathered across processes); the public loss is the
+  token mean of each per-device micro-batch, averaged over gradient-accumulation steps and devices,
+  which weighs tokens equally only when the micro-batches hold equally many;
 - the reference policy is the warm start, fixed; the public recipe syncs TRL's reference model to the
   policy every 64 steps (``sync_ref_model``);
 - the KL is computed only when ``beta > 0`` (as there) and aggregated on its own: the same value as the

@@ -34,6 +34,9 @@ Quirks and deviations:
   (the public scripts set TRL's ``sync_ref_model``, every 64 steps).
 - *Masks:* the estimator's batch-level draw (``likelihood/stratified.py``); per-token estimators other
   than ESPO's (``complementary``, ``one_step``) are accepted and summed the same way.
+- the means run over the whole rollout batch (gathered across processes); the public code takes them
+  per micro-batch and averages over accumulation steps and devices: the same value, its micro-batches
+  being of equal size;
 - ``behaviour_correction=tis`` is refused: its weights are per unit and ESPO's ratio is per sequence.
   ``rollout/mismatch_log_ratio`` is per position (the sampler's token log-prob minus the ELBO term).
 """
