@@ -54,6 +54,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monkeypatch) -> tuple[dict, dict, dict]:
     extra = ["likelihood=staircase"] if arch == "sdar" and objective == "stabledrl" else []
+    # two optimizer steps whatever the objective's inner updates per rollout (ESPO's default is 8)
+    extra.append(f"objective.mu={min(OBJECTIVES.get(objective).config_class().mu, 2)}")
     cfg = compose_cfg([f"model={PRESETS[arch]}", f"model.path={folder}", f"model.lora_r={lora}",
                        f"objective={objective}", *extra, *SMALL], tmp_path, tiny=False)
     import diffusion_rl.train as train_mod

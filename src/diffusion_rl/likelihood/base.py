@@ -39,6 +39,19 @@ def rand_rows(seeds: list[int], width: int, device: torch.device | str = "cpu", 
     return out.transpose(0, 1).to(device)  # (k, B, width)
 
 
+def batch_seed(seeds: list[int], salt: int) -> int:
+    """One seed for a draw that the rows of a call share (a batch-level masking rate or count offset, as
+    coupled-GRPO and ESPO draw them), mixed from every row's seed: the same rows and inner iteration
+    give the same draw, so the old and the new policy share it as they share the per-row masks, and
+    fresh masks (``share_masks_with_old=false``) change it with them."""
+    return mix_seed(salt, *seeds)
+
+
+def batch_uniform(seeds: list[int], salt: int) -> float:
+    """A uniform number in ``[0, 1)`` from :func:`batch_seed`'s local generator."""
+    return float(torch.rand((), generator=torch.Generator().manual_seed(batch_seed(seeds, salt))))
+
+
 @dataclass
 class LikelihoodConfig:
     name: str = "one_step"

@@ -16,7 +16,8 @@ An objective turns one rollout batch into a scalar loss for one inner update, in
    share a prompt), ``surrogate`` (B, U) a term that carries the gradient in place of ``logp`` (only
    StableDRL's ``spg_mix`` passes one; the others ignore it);
 3. the shared KL penalty ``beta * agg_loss(kl_penalty(logp_units, ref_units), mask, kl_agg)`` to the
-   reference policy (the warm start), on the units :meth:`score` gives for it;
+   reference policy (the warm start), on the units :meth:`score` gives for it (:meth:`Objective.kl_term`;
+   a method with its own KL form overrides that one method);
 4. the sampler's own log-probability of the rollout in the same units (:meth:`Objective.sampler_units`):
    ``rollout/mismatch_log_ratio`` against the behaviour values, and, with
    ``objective.behaviour_correction=tis``, truncated importance weights on the advantages
@@ -318,12 +319,18 @@ class Objective(ABC):
                                          group_size=ro.group_size, surrogate=surrogate)
         metrics.update(behaviour)
         if ref is not None:
-            units, mask = s.kl_units()
-            kl = agg_loss(g(kl_penalty(units, ref.kl_units()[0])), g(mask), self.kl_agg)
+            kl = self.kl_term(s, ref, g)
             loss = loss + c.beta * kl
             metrics["train/kl"] = kl.detach()
         metrics.update(self.extra_metrics(ctx))
         return loss, metrics
+
+    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The KL penalty before its weight ``beta``: the k3 estimator on the KL units, reduced by
+        ``kl_agg``. An objective whose method defines another KL form overrides this (ESPO: half the
+        squared ELBO difference per sequence); ``gather`` gives every process's rows."""
+        units, mask = policy.kl_units()
+        return agg_loss(gather(kl_penalty(units, ref.kl_units()[0])), gather(mask), self.kl_agg)
 
     def corrected_advantages(self, ctx: StepContext, old: torch.Tensor | None,
                              mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

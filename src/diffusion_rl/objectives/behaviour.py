@@ -37,6 +37,12 @@ What is comparable, per estimator (``log pi_old`` is the estimator at ``theta = 
   ``weighting=inverse_t``, the mean for ``mean``, per block for the staircase). The ELBO is a bound,
   so here too the exact sampler has a non-zero mismatch; compare options, not the value to 0.
 
+- **complementary** (coupled-GRPO, per token): as for one_step, the sampler's token log-probability
+  against an estimate that averages the fully masked conditional with a partly masked one weighted
+  ``1/t``: not 0 for the exact sampler either.
+- **stratified** (ESPO, per position): the sampler's token log-probability against the position's
+  weighted ELBO term, equal only on average; ESPO's ratio is per sequence, so it refuses ``tis``.
+
 Positions filled with EOS by ``stop_after_eos`` carry log-probability 0 (a rule, not a draw); they
 lie after the first EOS, outside the completion mask, and count only where an estimator scores them
 (``likelihood.score_after_eos=true``).

@@ -63,13 +63,21 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss and its metrics; pure function of tensors (``surrogate`` is not used)."""
     log_ratio = logp - old_logp.detach()  # (B, U)
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - cfg.eps, 1 + cfg.eps_high)
-    per_unit = -torch.min(ratio * advantages, clipped * advantages)  # (B, U)
+    per_unit, low, high = clipped_surrogate(log_ratio, advantages, cfg.eps, cfg.eps_high)  # (B, U) each
     loss = agg_loss(per_unit, mask, "seq-mean-token-mean")
-    metrics = ratio_metrics(log_ratio, mask, (ratio < 1 - cfg.eps) & (advantages < 0),
-                            (ratio > 1 + cfg.eps_high) & (advantages > 0))
-    return loss, metrics
+    return loss, ratio_metrics(log_ratio, mask, low, high)
+
+
+def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, eps: float,
+                      eps_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's conditional clip per unit, ``-min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)`` with
+    ``rho = exp(log_ratio)``, and the units where the clip holds the gradient (below with ``A < 0``,
+    above with ``A > 0``). (B, U) and (B, U) or (B, 1) -> three (B, U); shared by the objectives
+    whose ratios are clipped this way (GRPO and EGSPO through :func:`grpo_loss`, coupled-GRPO, ESPO)."""
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1 - eps, 1 + eps_high)
+    per_unit = -torch.min(ratio * advantages, clipped * advantages)
+    return per_unit, (ratio < 1 - eps) & (advantages < 0), (ratio > 1 + eps_high) & (advantages > 0)
 
 
 @OBJECTIVES.register("grpo")
