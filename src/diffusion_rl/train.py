@@ -169,6 +169,7 @@ def build(cfg: DictConfig) -> Components:
     else:
         check_cache_support(bundle.net, sampler.cache)
     objective = obj_cls(obj_cfg, likelihood)
+    objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
     objective.check_advantage(advantage.cfg.name)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
 
@@ -214,7 +215,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                                             "evaluating before RL" if progress else None)
             periodic.before = summary["before"] if ckpt is None else None  # a resumed run logged it already
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
-                                   old_policy=c.run.old_policy, oversample=c.run.rollout.oversample)
+                                   old_policy=c.run.old_policy, oversample=c.run.rollout.oversample,
+                                   truncated_reward=c.run.rollout.truncated_reward)
         module.warm_start = provenance
         module.run_config = config  # type: ignore[assignment]
         t_fit = time.perf_counter()

@@ -219,6 +219,10 @@ class Objective(ABC):
         self.cfg = cfg
         self.likelihood = likelihood
 
+    def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
+        """Check the objective fits the policy (a :class:`PolicyBundle`) and read what it needs from it
+        (TraceRL: whether the model is a block model). Called once at build time, before any work."""
+
     def check_advantage(self, name: str) -> None:
         """Fail in one line when the configured advantage estimator does not fit this objective."""
         if name not in self.advantages:
