@@ -315,9 +315,9 @@ def test_padding_rows_do_not_count():
 
 
 # ======================================================================= 2. parity, real rollouts
-def masked_rollout(bundle, shrink, G=4, steps=8, seed=3):
-    """The tiny masked model's rollout of 4 groups with its recorded trajectory, binary rewards."""
-    prompts = ["1203=", "4021=", "3300=", "0001="]  # one length: the public LLaDA forward has no mask
+def masked_rollout(bundle, shrink, G=4, steps=8, seed=3, groups=4):
+    """The tiny masked model's rollout of ``groups`` groups with its recorded trajectory."""
+    prompts = ["1203=", "4021=", "3300=", "0001="][:groups]  # one length: the public LLaDA forward has no mask
     ids, pmask = encode_prompts(bundle.tokenizer, [p for p in prompts for _ in range(G)])
     rec = TrajectoryRecorder(bundle.mask_token_id, record_greedy=False)
     cfg = SamplerConfig(gen_length=8, block_length=4, steps=steps, temperature=1.0)
@@ -643,3 +643,58 @@ def test_zscore_config_error_is_one_line():
     with pytest.raises(ConfigError) as err:
         ZScoreConfig(zero_std=0.0).validate()
     assert str(err.value).startswith("advantage.zero_std") and "\n" not in str(err.value)
+
+
+# ======================================================================= 6. two processes
+def _losses_on(shard, mu=2):
+    """The loss of every inner update of one rollout (3 groups of 4, the second spanning both halves),
+    computed by the process ``shard`` describes from its own rows."""
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    bundle = build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
+    ids, pmask, out, rec = masked_rollout(bundle, 1, groups=3)
+    full = rollout_with(bundle, ids, pmask, out, rec, groups=GROUPS[:3])
+    rows = shard.rows(ids.shape[0])
+    local = torch.arange(ids.shape[0])[rows]
+    ro = rollout_of(ids[rows], pmask[rows], full.completion_ids[rows], full.completion_mask[rows], full.rewards[rows],
+                    full.advantages[rows], 4, shard=shard, trajectory=rec.select(local),
+                    sampler_logp=out.token_logp[rows])
+    ro = replace(ro, all_rewards=full.rewards)
+    obj = objective_of(bundle, mu=mu, pass_threshold=1.0)
+    ctx = StepContext(ro, 0, 0, logits_fn(perturbed(bundle.net).eval()), logits_fn(bundle.net.eval()), None)
+    out_losses = []
+    for it in range(mu):
+        ctx.inner_iter = it
+        loss, m = obj.loss(ctx)
+        out_losses.append((loss.item(), m["tracerl/rows"].item()))
+    return out_losses
+
+
+def _ddp_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    from diffusion_rl.distributed import Shard
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.save(_losses_on(Shard(rank, world, rank * 12 // world)), f"{out_dir}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_losses(tmp_path):
+    """Gloo, two processes with 6 rows each: the rows padded to a common count, the updates' shares
+    cut from the global row list, the filter on every process's rewards."""
+    import torch.multiprocessing as mp
+
+    from diffusion_rl.distributed import Shard
+
+    one = _losses_on(Shard())
+    assert one[0][1] > 0 and one[1][1] > 0  # both updates train rows
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        two = torch.load(tmp_path / f"{rank}.pt")
+        for (a, ra), (b, rb) in zip(one, two):
+            assert ra == rb and b == pytest.approx(a, abs=1e-6, rel=1e-6)

@@ -211,7 +211,7 @@ class Objective(ABC):
     policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
     # advantage estimators (advantages.py) whose output this objective can use
     advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
-    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO)
+    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL)
     kl_agg: ClassVar[str] = "seq-mean-token-mean"  # how the KL units reduce to the penalty
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):

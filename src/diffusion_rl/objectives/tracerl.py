@@ -30,9 +30,9 @@ beta 0.01 with k3, shrink 1 (SDAR/TraDo) / 8 (LLaDA), lr 1e-6.
 Deviations, each with its reason (the loss itself is transcribed: ``tests/test_tracerl.py``):
 
 - Rows are not chunked into optimizer steps by a data loader: one rollout feeds ``objective.mu``
-  optimizer steps, each on a contiguous ``1/mu`` share of this process's rows in the public order
-  (sample-major, then rounds); the public code runs one epoch over the rows in steps of
-  ``batch_size_lm x processes x accumulation`` rows. ``pi_old`` is the rollout policy for every
+  optimizer steps, each on a contiguous ``1/mu`` share of the rows in the public order (sample-major,
+  then rounds; the same shares on any number of processes); the public code runs one epoch over the
+  rows in steps of ``batch_size_lm x processes x accumulation`` rows. ``pi_old`` is the rollout policy for every
   share, as there. Default ``mu = 1`` (the CPU Sudoku job). The public accumulation loop's quirks
   (the first step after ``accum - 1`` micro-batches, the last partial one never stepped) are not
   reproduced. A share with no row runs one empty row through the model (zero loss and gradient).
@@ -248,10 +248,23 @@ class TraceRL(Objective):
         rounds = self._rounds(ro.trajectory, ro.completion_ids.shape[1]).to(ro.completion_ids.device)
         kept = self.kept_samples(ctx)
         sample, rnd = round_rows(rounds, ro.scored_mask.bool() & kept[:, None])  # (m,) each
-        chunks = torch.arange(sample.numel(), device=sample.device).tensor_split(self.cfg.mu)
-        plan = {"rounds": rounds, "kept": kept, "sample": sample, "round": rnd, "chunks": chunks}
+        plan = {"rounds": rounds, "kept": kept, "sample": sample, "round": rnd,
+                "update": self._update_of_rows(ctx, sample)}
         ctx.cache["tracerl/plan"] = plan
         return plan
+
+    def _update_of_rows(self, ctx: StepContext, sample: torch.Tensor) -> torch.Tensor:
+        """(m,) the inner update of each local row: the global row list (every process's rows in sample
+        order, as one process would hold them) cut into ``mu`` contiguous equal shares, so the shares do
+        not depend on the number of processes."""
+        ro, mu = ctx.rollout, self.cfg.mu
+        n = ro.completion_ids.shape[0]
+        counts = torch.bincount(sample, minlength=n)  # (n,) rows of each local sample
+        every = ro.shard.gather(counts)  # (N,)
+        first = (every.cumsum(0) - every)[ro.shard.offset:ro.shard.offset + n]  # (n,) global index of its 1st row
+        position = first[sample] + (torch.arange(sample.numel(), device=sample.device)
+                                    - (counts.cumsum(0) - counts)[sample])  # (m,) global row index
+        return position * mu // every.sum().clamp_min(1)
 
     def _batch(self, ctx: StepContext) -> dict[str, Any]:
         """This inner update's rows, padded to the same count on every process; memoised."""
@@ -259,7 +272,7 @@ class TraceRL(Objective):
         if memo is not None and memo["inner_iter"] == ctx.inner_iter:
             return memo
         plan, ro = self._plan(ctx), ctx.rollout
-        idx = plan["chunks"][ctx.inner_iter % self.cfg.mu]
+        idx = (plan["update"] == ctx.inner_iter % self.cfg.mu).nonzero()[:, 0]
         sample, rnd = plan["sample"][idx], plan["round"][idx]  # (m,)
         masked, decoded = row_masks(plan["rounds"], sample, rnd)  # (m, L)
         trained = decoded & ro.scored_mask.bool()[sample]
