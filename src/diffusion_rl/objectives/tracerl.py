@@ -32,8 +32,10 @@ Deviations, each with its reason (the loss itself is transcribed: ``tests/test_t
 - Rows are not chunked into optimizer steps by a data loader: one rollout feeds ``objective.mu``
   optimizer steps, each on a contiguous ``1/mu`` share of the rows in the public order (sample-major,
   then rounds; the same shares on any number of processes); the public code runs one epoch over the
-  rows in steps of ``batch_size_lm x processes x accumulation`` rows. ``pi_old`` is the rollout policy for every
-  share, as there. Default ``mu = 1`` (the CPU Sudoku job). The public accumulation loop's quirks
+  rows in steps of ``batch_size_lm x processes x accumulation`` rows. ``pi_old`` is the rollout
+  policy for every share, as there. Default ``mu = 1`` (the CPU Sudoku job). One update's rows go
+  through the model in one batch (the module has no micro-batching), so ``mu`` also bounds that batch
+  on a real model (LLaDA at shrink 8 makes ~64 rows per 512-token sample). The public accumulation loop's quirks
   (the first step after ``accum - 1`` micro-batches, the last partial one never stepped) are not
   reproduced. A share with no row runs one empty row through the model (zero loss and gradient).
 - ``L`` (block normalisation) is the completion width of the rollout (``sampler.gen_length``); the
