@@ -68,8 +68,8 @@ TINY = {
 # the released checkpoints, for --memory-table (parameter counts from our classes on the meta device)
 RELEASED = {
     "llada_8b_instruct / llada_1_5": (LLaDAModelLM, LLaDAConfig()),
-    "dream_7b_instruct": (DreamModel, DreamConfig()),
-    "sdar_8b_chat": (SDARForCausalLM, SDARConfig(block_size=4)),
+    "dream_7b_instruct / diffucoder_7b_instruct": (DreamModel, DreamConfig()),  # one config.json shape
+    "sdar_8b_chat (trado_8b_instruct: its config.json unread)": (SDARForCausalLM, SDARConfig(block_size=4)),
     "sdar_1_7b_chat": (SDARForCausalLM, SDARConfig(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
                                                    num_hidden_layers=28, intermediate_size=6144, block_size=4)),
 }

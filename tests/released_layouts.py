@@ -9,7 +9,7 @@ The key names and config fields are transcribed from the released ``config.json`
 
 Write one for the user path (``python src/train.py model=llada_8b_instruct model.path=...``)::
 
-    python -m tests.released_layouts llada /tmp/tiny-llada      # or dream, sdar
+    python -m tests.released_layouts llada /tmp/tiny-llada      # or dream, sdar, diffucoder, trado
 """
 
 from __future__ import annotations
@@ -62,7 +62,16 @@ SDAR = {
     "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     "transformers_version": "4.52.4", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
 }
-RELEASED = {"llada": LLADA, "dream": DREAM, "sdar": SDAR}
+# DiffuCoder-7B-Instruct (apple/DiffuCoder-7B-Instruct, config.json at commit 69c039a): Dream's fields and
+# values but these two. Its tokenizer files (added_tokens.json, tokenizer_config.json) were not found in a
+# public copy: the specials below are Dream's Qwen2.5 ones (<|im_end|> included, the EOS its training code
+# names), not DiffuCoder's <|dlm_pad|>, whose id is unknown
+DIFFUCODER = {**DREAM, "transformers_version": "4.51.3", "use_cache": False}
+# TraDo-4B/8B-Instruct (Gen-Verse/TraDo-*): model_type sdar, block size 4 (dLLM-RL's rl_trado.yaml,
+# trado_eval.yaml); their config.json was not found in a public copy, so SDAR-8B-Chat's fields stand in
+TRADO = dict(SDAR)
+RELEASED = {"llada": LLADA, "dream": DREAM, "sdar": SDAR, "diffucoder": DIFFUCODER, "trado": TRADO}
+FAMILY = {"llada": "llada", "dream": "dream", "sdar": "sdar", "diffucoder": "dream", "trado": "sdar"}
 TINY = {  # grouped-query attention wherever the architecture has it
     "llada": {"d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 48,
               "max_sequence_length": 512},
@@ -71,7 +80,9 @@ TINY = {  # grouped-query attention wherever the architecture has it
     "sdar": {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
              "num_hidden_layers": 2, "intermediate_size": 48, "max_window_layers": 2, "max_position_embeddings": 512},
 }
-VOCAB = {"llada": ("vocab_size", "embedding_size"), "dream": ("vocab_size",), "sdar": ("vocab_size",)}
+TINY.update(diffucoder=TINY["dream"], trado=TINY["sdar"])
+VOCAB = {"llada": ("vocab_size", "embedding_size"), "dream": ("vocab_size",), "sdar": ("vocab_size",),
+         "diffucoder": ("vocab_size",), "trado": ("vocab_size",)}
 
 # ---- special tokens at the released ids ------------------------------------------------------------------
 SPECIALS = {
@@ -87,6 +98,8 @@ ROLES = {  # which special is which, as in each tokenizer_config.json
               "mask_token": "<|mask|>"},
     "sdar": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"},
 }
+SPECIALS.update(diffucoder=SPECIALS["dream"], trado=SPECIALS["sdar"])
+ROLES.update(diffucoder=ROLES["dream"], trado=ROLES["sdar"])
 
 
 def released_config(arch: str, real_ids: bool = True) -> dict:
@@ -105,7 +118,7 @@ def released_config(arch: str, real_ids: bool = True) -> dict:
 
 def n_regular(arch: str) -> int:
     """Regular tokens before the fillers: characters (LLaDA's word-level stand-in) or the 256 byte symbols."""
-    return len(CHARS) if arch == "llada" else 256
+    return len(CHARS) if FAMILY[arch] == "llada" else 256
 
 
 def small_ids(arch: str) -> dict[int, int]:
@@ -117,6 +130,7 @@ def released_weights(arch: str, cfg: dict, seed: int = 0) -> dict[str, torch.Ten
     """Random fp32 tensors under the released key names and shapes (norm weights near 1)."""
     g = torch.Generator().manual_seed(seed)
     shapes: dict[str, tuple[int, ...]] = {}
+    arch = FAMILY[arch]
     if arch == "llada":
         d, h, n = cfg["d_model"], cfg["mlp_hidden_size"], cfg["n_heads"]
         kv = (cfg["n_kv_heads"] or n) * (d // n)
@@ -185,6 +199,7 @@ def write_tokenizer(arch: str, folder: Path, real_ids: bool = True) -> None:
     added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                       "special": True} for i, t in sorted(specials.items())}
     config = {**ROLES[arch], "added_tokens_decoder": added, "model_max_length": 4096, "clean_up_tokenization_spaces": False}
+    arch = FAMILY[arch]
     if arch == "llada":
         from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
         from transformers import PreTrainedTokenizerFast
@@ -221,7 +236,7 @@ def write_tokenizer(arch: str, folder: Path, real_ids: bool = True) -> None:
 
 def write_checkpoint(arch: str, folder: Path | str, real_ids: bool = True, seed: int = 0,
                      overrides: dict | None = None) -> Path:
-    """A tiny random checkpoint of ``arch`` (llada | dream | sdar) in its released layout."""
+    """A tiny random checkpoint of ``arch`` (llada | dream | sdar | diffucoder | trado) in its released layout."""
     if real_ids and n_regular(arch) >= min(SPECIALS[arch]):
         raise AssertionError("characters overlap the released special ids")
     folder = Path(folder)

@@ -64,7 +64,7 @@ def test_stepwise_metrics_ignore_unused_slots_and_need_values():
 
 
 def test_configs_validate_and_registry_names():
-    assert ADVANTAGES.names() == ["group", "group_std", "loo", "per_token", "stepwise"]
+    assert ADVANTAGES.names() == ["group", "group_std", "loo", "per_token", "stepwise", "zscore"]
     assert GroupConfig().name == "group" and LOOConfig().name == "loo" and AdvantageConfig().name == "group_std"
     with pytest.raises(ConfigError, match="advantage.lam"):
         StepwiseConfig(lam=-1).validate()

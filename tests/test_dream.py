@@ -17,9 +17,9 @@ from .reference_models import checkpoint_tensors, padded_positions, qwen_forward
 from .released_layouts import write_checkpoint
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    folder = write_checkpoint("dream", tmp_path_factory.mktemp("dream"), real_ids=False)
+@pytest.fixture(scope="module", params=["dream", "diffucoder"])  # diffucoder: dream's architecture, its preset's layout
+def ckpt(request, tmp_path_factory):
+    folder = write_checkpoint(request.param, tmp_path_factory.mktemp(request.param), real_ids=False)
     cfg = json.loads((folder / "config.json").read_text())
     bundle = build_policy(ModelConfig(name="hf", path=str(folder)))
     bundle.net.eval()

@@ -255,7 +255,8 @@ def test_four_bit_without_bitsandbytes_or_cuda_fails_in_one_line(hf_path):
 def test_named_model_configs_validate(tmp_path):
     from diffusion_rl.config import from_dict
 
-    for name in ("llada_8b_instruct", "llada_1_5", "dream_7b_instruct", "sdar_8b_chat", "sdar_1_7b_chat"):
+    for name in ("llada_8b_instruct", "llada_1_5", "dream_7b_instruct", "sdar_8b_chat", "sdar_1_7b_chat",
+                 "diffucoder_7b_instruct", "trado_8b_instruct", "trado_4b_instruct"):
         cfg = compose_cfg([f"model={name}"], tmp_path, tiny=False)
         m = from_dict(ModelConfig, cfg.model, "model")
         m.validate()

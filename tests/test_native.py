@@ -23,11 +23,14 @@ from diffusion_rl.models.build import build_policy, discover_models
 from diffusion_rl.models.native import NATIVE, NativeDiffusionLM
 from diffusion_rl.models.policy import ModelConfig
 
-from .released_layouts import released_weights, write_checkpoint
+from .released_layouts import FAMILY, released_weights, write_checkpoint
 
-ARCHS = ("llada", "dream", "sdar")
-CLASSES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM"}
-ATTENTION = {"llada": "native", "dream": "native", "sdar": "native"}
+ARCHS = ("llada", "dream", "sdar", "diffucoder", "trado")  # the last two: Dream's and SDAR's architectures
+CLASSES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM", "diffucoder": "DreamModel",
+           "trado": "SDARForCausalLM"}
+PRESETS = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat",
+           "diffucoder": "diffucoder_7b_instruct", "trado": "trado_8b_instruct"}
+ATTENTION = {"llada": "native", "dream": "native", "sdar": "native", "diffucoder": "native", "trado": "native"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +134,7 @@ def test_a_wrong_model_type_fails_in_one_line(folders, arch, tmp_path):
     dst = tmp_path / "wrong"
     shutil.copytree(folders[arch], dst)
     cfg = json.loads((dst / "config.json").read_text())
-    other = {"llada": "Dream", "dream": "sdar", "sdar": "llada"}[arch]
+    other = {"llada": "Dream", "dream": "sdar", "sdar": "llada", "diffucoder": "sdar", "trado": "llada"}[arch]
     cls = NATIVE[cfg["model_type"]]
     (dst / "config.json").write_text(json.dumps({**cfg, "model_type": other}))
     with pytest.raises(ConfigError) as err:  # our class, handed another architecture's folder
@@ -168,7 +171,7 @@ def test_bundle_reads_the_special_ids_and_blocks_of_the_checkpoint(folders, arch
     assert isinstance(b.net, NativeDiffusionLM) and b.custom_attention_mask
     assert b.mask_token_id == cfg["mask_token_id"]
     assert b.tokenizer.mask_token_id == (None if arch == "llada" else b.mask_token_id)  # LLaDA's names none
-    assert b.block_size == cfg.get("block_size", 0) if arch == "sdar" else b.block_size == 0
+    assert b.block_size == cfg.get("block_size", 0) if FAMILY[arch] == "sdar" else b.block_size == 0
     assert b.eos_token_id == b.tokenizer.eos_token_id
 
 
@@ -242,7 +245,7 @@ def test_lora_targets_the_native_projections_and_fsdp_shards_decoder_layers(fold
 
     from .helpers import compose_cfg
 
-    preset = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat"}[arch]
+    preset = PRESETS[arch]
     m = from_dict(ModelConfig, compose_cfg([f"model={preset}", f"model.path={folders[arch]}"], tmp_path,
                                            tiny=False).model, "model")
     m.dtype, m.lora_r = "float32", 4
@@ -255,3 +258,50 @@ def test_lora_targets_the_native_projections_and_fsdp_shards_decoder_layers(fold
     assert not any(head + ".lora" in n for n, _ in b.net.named_parameters())  # the output head stays frozen
     assert all("lora_" in n for n, p in b.net.named_parameters() if p.requires_grad)
     assert {c.__name__ for c in decoder_layer_classes(b.net)} == {"llada": {"LLaDABlock"}}.get(arch, {"QwenDecoderLayer"})
+
+
+# ---- the presets of the models TraceRL and coupled-GRPO were published on ------------------------
+def test_diffucoder_preset_ends_completions_at_im_end(folders, tmp_path):
+    """DiffuCoder-Instruct ends an answer with <|im_end|> (its config.json says 151643): the preset names
+    the EOS by its token, so the id comes from the checkpoint's own tokenizer."""
+    from diffusion_rl.config import from_dict
+
+    from .helpers import compose_cfg
+
+    m = from_dict(ModelConfig, compose_cfg(["model=diffucoder_7b_instruct", f"model.path={folders['diffucoder']}"],
+                                           tmp_path, tiny=False).model, "model")
+    assert m.path.endswith("diffucoder") and m.eos_token == "<|im_end|>" and m.lora_r == 128  # Dream's preset
+    m.dtype, m.lora_r = "float32", 0
+    b = build_policy(m)
+    cfg = json.loads((folders["diffucoder"] / "config.json").read_text())
+    assert b.eos_token_id == b.tokenizer.convert_tokens_to_ids("<|im_end|>") != cfg["eos_token_id"]
+    assert b.mask_token_id == cfg["mask_token_id"] and b.block_size == 0
+    with pytest.raises(ConfigError) as err:
+        build_policy(ModelConfig(name="hf", path=str(folders["diffucoder"]), eos_token="<|no_such|>"))
+    assert str(err.value).startswith("model.eos_token") and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="not both"):
+        ModelConfig(name="hf", path="x", eos_token="<|im_end|>", eos_token_id=3).validate()
+
+
+def test_trado_presets_are_sdar_with_the_checkpoints_blocks(folders, tmp_path):
+    from .helpers import compose_cfg
+
+    for preset, repo in (("trado_8b_instruct", "Gen-Verse/TraDo-8B-Instruct"),
+                         ("trado_4b_instruct", "Gen-Verse/TraDo-4B-Instruct")):
+        m = compose_cfg([f"model={preset}"], tmp_path, tiny=False).model
+        assert m.path == repo and m.attention == "native" and m.block_size == 0 and m.lora_r == 128
+    b = build_policy(ModelConfig(name="hf", path=str(folders["trado"]), attention="native"))
+    assert b.block_size == 4 and b.eos_token_id == b.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_an_sdar_layout_with_a_tied_head_loads(tmp_path):
+    """Whether TraDo-4B ties its head (Qwen3-4B does) is not known from a public copy: a tied SDAR
+    checkpoint (no lm_head in its index) loads, its head being the embeddings."""
+    folder = write_checkpoint("trado", tmp_path / "tied", real_ids=False, overrides={"tie_word_embeddings": True})
+    assert "lm_head.weight" not in json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    m = load(folder).eval()
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    w = released_weights("trado", json.loads((folder / "config.json").read_text()))
+    assert torch.equal(m.model.embed_tokens.weight, w["model.embed_tokens.weight"])  # the file's, not initialised
+    with torch.no_grad():
+        assert torch.isfinite(m(ids_batch(m.config.vocab_size)).logits).all()

@@ -2,8 +2,8 @@
 checkpoints in the released layouts, two optimizer steps with every objective, LoRA on and off.
 
 The presets' bf16 weights are set to fp32 (bf16 matmuls are slow on CPU); everything else is the
-preset's (activation checkpointing, LoRA targets, attention). SDAR, a block model, scores sequences
-with the staircase estimator where the objective uses a sequence-level one. A random model scores 0
+preset's (activation checkpointing, LoRA targets, attention). SDAR and TraDo, block models, score
+sequences with the staircase estimator where the objective uses a sequence-level one. A random model scores 0
 on Sudoku cells, so every advantage would be 0 and nothing would move: the reward here is a
 deterministic function of the completion's characters instead, which varies within a group.
 """
@@ -25,7 +25,9 @@ from diffusion_rl.train import train
 from .helpers import compose_cfg
 from .released_layouts import write_checkpoint
 
-PRESETS = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat"}
+PRESETS = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat",
+           "diffucoder": "diffucoder_7b_instruct", "trado": "trado_8b_instruct"}
+BLOCK = {"sdar", "trado"}  # block models: a sequence-level objective scores with the staircase
 SMALL = [  # two prompts x 4 samples, 8 tokens, no warm start or evaluation: only the RL steps
     "task.num_train=64", "task.num_test=8", "task.prompts_per_batch=2", "task.group_size=4",
     "warmstart.enabled=false", "eval.before=false", "eval.after=false", "sampler.gen_length=8",
@@ -53,7 +55,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 
 def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monkeypatch) -> tuple[dict, dict, dict]:
-    extra = ["likelihood=staircase"] if arch == "sdar" and objective == "stabledrl" else []
+    extra = ["likelihood=staircase"] if arch in BLOCK and objective == "stabledrl" else []
     # two optimizer steps whatever the objective's inner updates per rollout (ESPO's default is 8)
     extra.append(f"objective.mu={min(OBJECTIVES.get(objective).config_class().mu, 2)}")
     cfg = compose_cfg([f"model={PRESETS[arch]}", f"model.path={folder}", f"model.lora_r={lora}",

@@ -24,9 +24,9 @@ from .reference_models import checkpoint_tensors, padded_positions, qwen_forward
 from .released_layouts import write_checkpoint
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    folder = write_checkpoint("sdar", tmp_path_factory.mktemp("sdar"), real_ids=False)
+@pytest.fixture(scope="module", params=["sdar", "trado"])  # trado: sdar's architecture, its preset's layout
+def ckpt(request, tmp_path_factory):
+    folder = write_checkpoint(request.param, tmp_path_factory.mktemp(request.param), real_ids=False)
     cfg = json.loads((folder / "config.json").read_text())
     bundle = build_policy(ModelConfig(name="hf", path=str(folder), attention="native"))
     bundle.net.eval()
@@ -92,8 +92,9 @@ def test_block_sampler_with_the_cache_gives_the_tokens_without_it(ckpt, temperat
 def test_block_size_comes_from_the_checkpoint(ckpt, tmp_path):
     folder, cfg, _, bundle = ckpt
     assert bundle.block_size == cfg["block_size"] == 4
-    composed = compose_cfg(["model=sdar_8b_chat", f"model.path={folder}"], tmp_path, tiny=False).model
-    assert composed.block_size == 0  # the preset names no block size: the checkpoint does
+    for preset in ("sdar_8b_chat", "trado_8b_instruct", "trado_4b_instruct"):
+        composed = compose_cfg([f"model={preset}", f"model.path={folder}"], tmp_path, tiny=False).model
+        assert composed.block_size == 0  # the preset names no block size: the checkpoint does
     dst = tmp_path / "b2"
     shutil.copytree(folder, dst)
     (dst / "config.json").write_text(json.dumps({**cfg, "block_size": 2}))

@@ -7,6 +7,8 @@ the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``
 - ``group``:     ``A_j = r_j - mean_G(r)``                       (SPEC §4; Dr. GRPO's unscaled form)
 - ``group_std``: ``A_j = (r_j - mean_G(r)) / (std_G(r) + eps)``  (d1 / TRL's default; the unbiased std)
 - ``loo``:       ``A_j = r_j - mean_{k != j} r_k = G / (G - 1) (r_j - mean_G(r))``   (RLOO)
+- ``zscore``:    ``A_j = (r_j - mean_G(r)) / std_G(r)`` with the *population* std, and ``A = 0`` for a
+  group whose std is below ``zero_std`` (TraceRL's ``z_score_normalize``, ``reward/rl_reward.py``)
 - ``per_token``: per-cell credit, GRPO's group normalisation applied to each token position. With
   ``r_ji`` the reward token ``i`` of sample ``j`` earned itself (``Task.token_rewards``, summing to
   ``r_j``), ``A_ji = (r_ji - mean_G(r_.i)) / (std_G(r_.i) + eps)``: each token is compared with the
@@ -113,6 +115,39 @@ class LeaveOneOutAdvantage(AdvantageEstimator):
 
     def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
         return centred(rewards, group_size) * (group_size / (group_size - 1)), {}
+
+
+@dataclass
+class ZScoreConfig(AdvantageConfig):
+    name: str = "zscore"
+    # a group whose population std is below this counts as std 0 and gets A = 0 (TraceRL: `if std == 0`;
+    # float rewards that agree up to rounding would otherwise divide rounding noise by itself). `eps`
+    # is not used: the public code adds nothing to the std
+    zero_std: float = 1e-6
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.zero_std > 0:
+            raise ConfigError("advantage.zero_std", self.zero_std, "must be > 0")
+
+
+def zscores(rewards: torch.Tensor, group_size: int, zero_std: float) -> torch.Tensor:
+    """``(r - mean_G) / std_G`` with the population std, 0 in a group whose std is below ``zero_std``;
+    in float64, as the public code's Python floats. (N,) -> (N,) float32"""
+    r = rewards.double().view(-1, group_size)  # (N/G, G)
+    centred = r - r.mean(-1, keepdim=True)
+    std = centred.pow(2).mean(-1, keepdim=True).sqrt()  # (N/G, 1) population std
+    flat = std < zero_std
+    return torch.where(flat, 0.0, centred / torch.where(flat, 1.0, std)).reshape(-1).float()
+
+
+@ADVANTAGES.register("zscore")
+class ZScoreAdvantage(AdvantageEstimator):
+    config_class = ZScoreConfig
+    cfg: ZScoreConfig
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        return zscores(rewards, group_size, self.cfg.zero_std), {}
 
 
 @dataclass

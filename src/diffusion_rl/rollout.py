@@ -60,6 +60,10 @@ class RolloutConfig:
     # task.prompts_per_batch groups, those whose rewards differ first (a group whose G rewards agree
     # has zero advantage and adds nothing but dilution); 1 = off
     oversample: int = 1
+    # reward of a completion with no EOS (it ran out of canvas: truncated), in place of the task's;
+    # null keeps the task's. TraceRL counts truncated responses as wrong (reward/rl_reward.py): 0.0
+    # there. Off by default: a Sudoku answer fills the whole 16-token completion, with no room for EOS
+    truncated_reward: float | None = None
 
     def validate(self) -> None:
         if self.oversample < 1:
@@ -71,9 +75,10 @@ class RolloutEngine:
     behaviour policy), so the same engine serves a frozen copy or the policy itself."""
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
-                 sampler: SamplerConfig, seed: int = 0, oversample: int = 1):
+                 sampler: SamplerConfig, seed: int = 0, oversample: int = 1, truncated_reward: float | None = None):
         self.bundle, self.task, self.objective, self.advantage = bundle, task, objective, advantage
         self.sampler, self.seed, self.oversample = sampler, seed, oversample
+        self.truncated_reward = truncated_reward
 
     @torch.no_grad()
     def __call__(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Rollout:
@@ -97,6 +102,11 @@ class RolloutEngine:
         texts = decode_completions(tok, completion, eos)
         rewards, components = self.task.score(texts, group_items)  # (n,), {name: (n,)}
         metrics: dict[str, float] = {}
+        if self.truncated_reward is not None:  # no EOS: the completion ran out of canvas
+            cut = ~(completion == eos).any(-1)  # (n,)
+            rewards = torch.where(cut.to(rewards.device), torch.tensor(self.truncated_reward, dtype=rewards.dtype,
+                                                                      device=rewards.device), rewards)
+            metrics["rollout/truncated_frac"] = float(shard.all_reduce_sum(cut.float().sum()) / (n_generated * shard.world_size))
         if self.oversample > 1:  # DAPO's dynamic sampling: keep the groups whose rewards differ
             keep, metrics = self._keep_groups(rewards, G, shard)
             ids, mask, completion, rewards = ids[keep], mask[keep], completion[keep], rewards[keep]

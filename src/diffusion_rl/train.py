@@ -184,6 +184,7 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     else:
         check_cache_support(bundle.net, sampler.cache)
     objective = obj_cls(obj_cfg, likelihood)
+    objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
     objective.check_advantage(advantage.cfg.name)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
 
@@ -231,7 +232,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         if ckpt is not None and first:
             check_base(ckpt, base)
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
-                                   old_policy=c.run.old_policy, oversample=c.run.rollout.oversample)
+                                   old_policy=c.run.old_policy, oversample=c.run.rollout.oversample,
+                                   truncated_reward=c.run.rollout.truncated_reward)
         module.warm_start, module.base = provenance, base
         module.run_config = config  # type: ignore[assignment]
         t_fit = time.perf_counter()

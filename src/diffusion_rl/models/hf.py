@@ -1,7 +1,8 @@
 """Hugging Face diffusion LMs behind the policy interface: ``model=hf model.path=<folder or hub id>``.
 
 The named configs use the same builder: ``model=llada_8b_instruct`` / ``llada_1_5``,
-``dream_7b_instruct``, ``sdar_8b_chat`` / ``sdar_1_7b_chat``. What it does:
+``dream_7b_instruct`` / ``diffucoder_7b_instruct``, ``sdar_8b_chat`` / ``sdar_1_7b_chat`` /
+``trado_8b_instruct`` / ``trado_4b_instruct``. What it does:
 
 - ``model.impl=native`` (the default) never runs code from the checkpoint: a folder whose
   ``model_type`` is one we implement (``llada``, ``Dream``, ``sdar``: ``models/native.py``) builds our
@@ -158,6 +159,16 @@ def _special_id(cfg_value: int | None, *candidates: Any) -> int | None:
     return None
 
 
+def _token_id(tokenizer: Any, token: str | None, path: str | None) -> int | None:
+    """The id of ``token`` (``model.eos_token``) in ``tokenizer``; one line when it has none."""
+    if token is None:
+        return None
+    tid = tokenizer.convert_tokens_to_ids(token)
+    if tid is None or (tid == tokenizer.unk_token_id and token != tokenizer.unk_token):
+        raise ConfigError("model.eos_token", token, f"is not a token of {path}'s tokenizer")
+    return int(tid)
+
+
 def check_model_type(raw: dict[str, Any], src: str) -> None:
     """One line naming a ``config.json``'s ``model_type`` that neither we nor transformers implement."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -212,7 +223,8 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
         cfg.mask_token_id, getattr(config, "mask_token_id", None), tokenizer.mask_token_id
     )
     eos_id = _special_id(
-        cfg.eos_token_id, tokenizer.eos_token_id, getattr(config, "eos_token_id", None)
+        cfg.eos_token_id, _token_id(tokenizer, cfg.eos_token, cfg.path), tokenizer.eos_token_id,
+        getattr(config, "eos_token_id", None),
     )
     if mask_id is None:
         raise ConfigError(

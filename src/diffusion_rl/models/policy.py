@@ -54,6 +54,9 @@ class ModelConfig:
     path: str | None = None
     mask_token_id: int | None = None
     eos_token_id: int | None = None
+    # the EOS named by its token, looked up in the tokenizer (a model whose answers end in a chat token
+    # its tokenizer_config does not call eos_token: DiffuCoder-Instruct's <|im_end|>); or eos_token_id
+    eos_token: str | None = None
     # native: our own classes for LLaDA / Dream / SDAR (models/llada.py, dream.py, sdar.py), transformers'
     # own class for any other architecture; no checkpoint code runs. remote: the checkpoint's own
     # modelling code (needs trust_remote_code), for diffusion LMs we do not implement
@@ -101,6 +104,9 @@ class ModelConfig:
             raise ConfigError("model.lora_alpha", self.lora_alpha, "must be > 0")
         if not self.lora_targets:
             raise ConfigError("model.lora_targets", self.lora_targets, "must name at least one module")
+        if self.eos_token is not None and self.eos_token_id is not None:
+            raise ConfigError("model.eos_token", self.eos_token,
+                              f"set model.eos_token or model.eos_token_id={self.eos_token_id}, not both")
         if self.load_in_4bit and self.lora_r == 0:
             raise ConfigError("model.load_in_4bit", True, "needs LoRA (model.lora_r > 0): 4-bit weights are not trained")
 

@@ -213,13 +213,17 @@ class Objective(ABC):
     policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
     # advantage estimators (advantages.py) whose output this objective can use
     advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
-    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO)
+    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL)
     kl_agg: ClassVar[str] = "seq-mean-token-mean"  # how the KL units reduce to the penalty
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):
         cfg.validate()
         self.cfg = cfg
         self.likelihood = likelihood
+
+    def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
+        """Check the objective fits the policy (a :class:`PolicyBundle`) and read what it needs from it
+        (TraceRL: whether the model is a block model). Called once at build time, before any work."""
 
     def check_advantage(self, name: str) -> None:
         """Fail in one line when the configured advantage estimator does not fit this objective."""

@@ -84,7 +84,7 @@ class DiffusionRLModule(L.LightningModule):
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
                  sampler: SamplerConfig, optim: OptimConfig, seed: int = 0, old_policy: str = "copy",
-                 oversample: int = 1):
+                 oversample: int = 1, truncated_reward: float | None = None):
         super().__init__()
         optim.validate()
         sampler.validate()
@@ -96,7 +96,7 @@ class DiffusionRLModule(L.LightningModule):
                               f"must be 0 with objective {objective.cfg.name} (its trajectory is recorded in one sampler call)")
         self.bundle, self.task, self.objective = bundle, task, objective
         self.sampler_cfg, self.optim_cfg, self.seed = sampler, optim, seed
-        self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, seed, oversample)
+        self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, seed, oversample, truncated_reward)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
         # a ratio-free objective that scores no behaviour policy needs no frozen copy of it: the
