@@ -47,6 +47,13 @@ def llada(tmp_path_factory) -> Path:
     return write_checkpoint("llada", tmp_path_factory.mktemp("released") / "llada", real_ids=False)
 
 
+@pytest.fixture(scope="module")
+def llada_full_vocab(tmp_path_factory) -> Path:
+    """LLaDA's layout with its 126,464-token vocabulary: a base whose size is mostly frozen embeddings,
+    as at 8B (where LoRA r=128 is 4% of the parameters), unlike the tiny vocabulary's."""
+    return write_checkpoint("llada", tmp_path_factory.mktemp("released") / "llada_full", real_ids=True)
+
+
 def train(args: list[str], run_dir: Path, cmd: list[str] | None = None) -> subprocess.CompletedProcess:
     out = subprocess.run([*(cmd or [sys.executable]), "src/train.py", *args, f"hydra.run.dir={run_dir}",
                           f"paths.cache_dir={run_dir.parent / 'cache'}"], cwd=ROOT, env=ENV, capture_output=True,
@@ -92,9 +99,10 @@ CASES = [pytest.param(0, "stabledrl", id="full-stabledrl"),
 
 
 @pytest.mark.parametrize("lora,objective", CASES)
-def test_two_process_fsdp_equals_one_process(llada, tmp_path, lora, objective):
+def test_two_process_fsdp_equals_one_process(request, tmp_path, lora, objective):
     if lora:
         pytest.importorskip("peft")
+    llada = request.getfixturevalue("llada_full_vocab" if lora else "llada")
     args = [*RUN, f"model.path={llada}", f"model.lora_r={lora}", f"objective={objective}"]
     two = train([*args, *FSDP, "trainer.devices=2"], tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
@@ -106,6 +114,7 @@ def test_two_process_fsdp_equals_one_process(llada, tmp_path, lora, objective):
     base = sum(p.stat().st_size for p in llada.glob("*.safetensors"))
     if lora:  # the adapters and their optimizer state, in one file: far smaller than the frozen base
         assert last.is_file() and last.stat().st_size < base / 10
+        assert all("lora_" in k for k in torch.load(last, weights_only=True)["state_dict"])
     else:  # full fine-tuning: sharded, one file per process
         assert is_sharded(last) and len(list(last.glob("*.distcp"))) == 2
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
