@@ -26,14 +26,6 @@ DRIVER = Path(__file__).with_name("cli_driver.py")
 ONE_LINE = re.compile(r"^(config|report) error: (?P<key>[\w.\[\]]+)=.+ is invalid: .+$")
 
 
-# rows whose README text lags a registration: the expected message here until the README row is
-# updated at merge (then delete the entry). objective=foo lists every registered objective.
-PENDING_README_ROWS = {
-    "src/train.py objective=foo": "config error: objective='foo' is invalid: unknown objective; "
-                                  "allowed: egspo, egspo_sa, grpo, spg, stabledrl, wd1",
-}
-
-
 def bad_input_table() -> list[tuple[list[str], int, str]]:
     """``(argv, exit status, message)`` of each row of the README's "Bad input" table."""
     text = (ROOT / "README.md").read_text()
@@ -46,7 +38,6 @@ def bad_input_table() -> list[tuple[list[str], int, str]]:
         command = re.match(r"`([^`]+)`", cells[0]).group(1)
         message = cells[2].strip("`").strip().replace("\\|", "|")
         argv = shlex.split(command)[1:]
-        message = PENDING_README_ROWS.get(" ".join(argv), message)
         rows.append((argv, int(cells[1]), message))
     return rows
 

@@ -209,6 +209,7 @@ def _rollout_worker(rank: int, world: int, init: str, out: str) -> None:
     if rank == 0:
         Path(out).write_text(json.dumps({"once": once, "per_step": per_step, "units": len(fsdp_units(module.policy)),
                                          "layers": len(module.policy.blocks), "steps": c.sampler.steps}))
+    dist.barrier()  # neither process leaves the group while the other still talks to it
     dist.destroy_process_group()
 
 

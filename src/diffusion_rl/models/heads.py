@@ -13,9 +13,10 @@ them through :func:`head_outputs`:
   [target]`` at each position, and no ``.logits``; ``select`` ``(B, b - a)`` bool limits the work to the
   positions the caller reads (the others hold 0).
 
-:func:`token_logps_chunked` computes the head on ``chunk`` tokens at a time and, when a gradient is
-needed, recomputes each chunk's logits in the backward (activation checkpointing of the head alone), so
-neither pass holds more than one chunk's ``(chunk, V)`` fp32 logits. The values are those of the
+:func:`token_logps_chunked` computes the head on a chunk of tokens at a time (``HEAD_CHUNK_ELEMENTS``
+logits: 265 tokens at LLaDA's vocabulary) and, when a gradient is needed, recomputes each chunk's
+logits in the backward (activation checkpointing of the head alone), so neither pass holds more than
+one chunk's ``(chunk, V)`` fp32 logits. The values are those of the
 unchunked ``log_softmax(head(h))[target]``: the same operations on the same rows.
 """
 
@@ -27,7 +28,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-HEAD_CHUNK = 2048  # tokens per chunk: (2048, 126464) fp32 logits are ~1 GB
+HEAD_CHUNK_ELEMENTS = 1 << 25  # logits per chunk: 128 MiB in fp32 (265 tokens at LLaDA's 126,464-token vocabulary)
+HEAD_CHUNK: int | None = None  # tokens per chunk instead (tests set it small); None: from HEAD_CHUNK_ELEMENTS
+RECOMPUTE_ELEMENTS = 1 << 20  # below this many logits a chunk is kept for the backward instead of recomputed
 
 
 @dataclass
@@ -52,15 +55,16 @@ def token_logps_chunked(head: nn.Module, hidden: torch.Tensor, targets: torch.Te
     hidden (B, R, D), targets (B, R), select (B, R) bool or None (every position) -> (B, R) fp32, 0
     where not selected.
     """
-    chunk = chunk or HEAD_CHUNK
     B, R = targets.shape
     sel = torch.ones(B, R, dtype=torch.bool, device=targets.device) if select is None else select.bool()
     h, t = hidden[sel], targets[sel]  # (n, D), (n,)
+    vocab = int(getattr(head, "out_features", 0) or head(h[:0]).shape[-1])
+    chunk = chunk or HEAD_CHUNK or max(1, HEAD_CHUNK_ELEMENTS // max(vocab, 1))
     grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
     parts = []
     for s in range(0, h.shape[0], chunk):
         hc, tc = h[s:s + chunk], t[s:s + chunk]
-        if grad and h.shape[0] > chunk:  # one chunk: nothing to save by recomputing it
+        if grad and hc.shape[0] * vocab >= RECOMPUTE_ELEMENTS:  # the backward recomputes the chunk's logits
             parts.append(checkpoint(_chunk_logps, head, hc, tc, use_reentrant=False))
         else:
             parts.append(_chunk_logps(head, hc, tc))
@@ -96,4 +100,4 @@ def logits_outputs(logits: torch.Tensor, keep: slice | None, targets: torch.Tens
     return HeadOutput(token_logps=out if select is None else out.masked_fill(~select.bool(), 0.0))
 
 
-__all__ = ["HEAD_CHUNK", "HeadOutput", "head_outputs", "logits_outputs", "token_logps_chunked"]
+__all__ = ["HEAD_CHUNK", "HEAD_CHUNK_ELEMENTS", "HeadOutput", "head_outputs", "logits_outputs", "token_logps_chunked"]

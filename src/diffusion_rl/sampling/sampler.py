@@ -229,9 +229,9 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Gen
     """``argmax(logits / tau + Gumbel)``; plain argmax at ``tau = 0``. logits (B, T, V) -> (B, T)."""
     if temperature == 0:
         return logits.argmax(-1)
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=dtype)
-    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(dtype).tiny)))
-    return (logits.to(dtype) / temperature + gumbel).argmax(-1)
+    g = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=dtype)
+    g.clamp_(min=torch.finfo(dtype).tiny).log_().neg_().log_().neg_()  # Gumbel noise, in place: one buffer
+    return g.add_(logits.to(dtype) / temperature).argmax(-1)  # logits / tau + noise, as the reference computes it
 
 
 def top_k_per_row(confidence: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
