@@ -19,11 +19,19 @@ What is measured, per architecture:
   of the update / time / peak, the FLOPs counted by ``torch.utils.flop_counter`` on a separate,
   untimed pass without checkpointing (so recomputation is not counted as useful work).
 - **peak memory**: ``torch.cuda.max_memory_allocated`` over each phase (not available on CPU).
+
+``--train`` also runs the user's path twice at that size: ``src/train.py`` on a checkpoint in LLaDA's
+released layout (random weights, its vocabulary) for 2 StableDRL steps on GSM8K-length prompts, with
+evaluation before, during and after RL -- once with ``trainer=gpu`` and once with ``trainer=fsdp
+trainer.devices=1`` -- checks that every forward of the policy (rollouts, old values, updates,
+evaluations) ran on the accelerator, and prints the measured peak against the memory model's
+prediction for that size (``benchmarks/memory.py``, fitted here on the CPU with ``--quick``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -252,6 +260,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="sampler steps; default gen-length / 2")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (else looked up)")
     ap.add_argument("--memory-table", action="store_true", help="print the README memory table and exit")
+    ap.add_argument("--train", action="store_true", help="also two 2-step src/train.py jobs (trainer=gpu, trainer=fsdp)")
     args = ap.parse_args()
     if args.memory_table:
         memory_table()
@@ -283,6 +292,59 @@ def main() -> None:
             del bundle
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    if args.train:
+        train_jobs(args, device)
+
+
+def train_jobs(args, device: torch.device) -> None:
+    """Two 2-step RL jobs through ``train()`` (see the module docstring); asserts the devices."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.memory import QUESTION, Size, fit, grid, phases, predict
+    from tests.helpers import compose_cfg
+    from tests.released_layouts import write_checkpoint
+
+    from diffusion_rl.train import train
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    sizes = ({"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 192} if args.tiny
+             else {"d_model": 2048, "n_heads": 16, "n_kv_heads": 16, "n_layers": 12, "mlp_hidden_size": 5632})
+    folder = write_checkpoint("llada", tmp / "model", real_ids=True, overrides=sizes)
+    for split, ids in (("train", range(16)), ("test", range(16, 24))):
+        (tmp / f"{split}.jsonl").write_text("".join(
+            json.dumps({"question": f"{QUESTION} ({i})", "answer": "#### 90"}) + "\n" for i in ids))
+    gen = args.gen_length
+    common = ["model=llada_8b_instruct", f"model.path={folder}", "objective=stabledrl", "task=gsm8k", "old_policy=cached",
+              f"task.data_path={tmp / 'test.jsonl'}", f"task.train_data_path={tmp / 'train.jsonl'}", "task.num_val=4",
+              "task.prompts_per_batch=2", "task.group_size=4", "warmstart.enabled=false", "eval.every_n_steps=1",
+              "eval.batch_size=8", "sampler=default", f"sampler.gen_length={gen}", f"sampler.steps={gen // 2}",
+              "sampler.gumbel_dtype=float32", "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=0",
+              "trainer.enable_progress_bar=false"]
+    cpu = device.type != "cuda"  # --device cpu: fp32 everywhere (bf16 matmuls are slow there)
+    jobs = {"trainer=gpu": ["trainer=gpu"] + (["trainer.accelerator=cpu", "model.dtype=float32",
+                                                "trainer.precision=32-true"] if cpu else []),
+            "trainer=fsdp devices=1": ["trainer=fsdp", "trainer.devices=1"] + (
+                ["trainer.accelerator=cpu", "model.dtype=float32", "trainer.strategy_kwargs.param_dtype=null"] if cpu else [])}
+    coef = fit([(s, phases(s)) for s in grid(quick=True)])
+    for name, extra in jobs.items():
+        seen: set[str] = set()
+        hook = torch.nn.modules.module.register_module_forward_pre_hook(
+            lambda m, a, seen=seen: seen.update(str(x.device.type) for x in a if isinstance(x, torch.Tensor)))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            folder_name = name.replace(" ", "_").replace("=", "_")
+            cfg = compose_cfg([*common, *extra], tmp / folder_name, tiny=False)
+            summary = train(cfg, tmp / folder_name / "run")
+        finally:
+            hook.remove()
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        s = Size(8, 200, gen, 126464, 2, sizes["d_model"], sizes["n_layers"])
+        want = max(predict(coef[p], p, s, gpu=device.type == "cuda") for p in ("rollout", "old", "update")) / 2**30
+        assert seen == {device.type}, f"{name}: forwards ran on {sorted(seen)}"
+        print(f"{name}: 2 steps, before {summary.get('before')} after {summary.get('after')}; every forward on "
+              f"{device.type}; peak {peak:.2f} GiB measured, activations {want:.2f} GiB predicted (+ weights and state)")
 
 
 if __name__ == "__main__":

@@ -353,18 +353,22 @@ def step_target(baseline: str | None) -> list[str]:
 
 
 def grid(quick: bool) -> list[Size]:
-    base = Size(2, 32, 64, 4096, 2, 64, 2)
-    out = {base}
-    for rows in (1, 2, 4):
-        out.add(Size(rows, base.prompt, base.gen, base.vocab, base.K, base.d, base.layers))
-    for gen in (32, 64, 128):
-        out.add(Size(base.rows, gen // 2, gen, base.vocab, base.K, base.d, base.layers))
-    for vocab in (1024, 4096, 16384) + (() if quick else (LLADA_VOCAB,)):
-        out.add(Size(base.rows, base.prompt, base.gen, vocab, base.K, base.d, base.layers))
-    for K in (1, 2, 4):
-        out.add(Size(base.rows, base.prompt, base.gen, base.vocab, K, base.d, base.layers))
-    for d, layers in ((32, 2), (64, 1), (64, 4), (128, 2)) + (() if quick else ((256, 2), (128, 4))):
-        out.add(Size(base.rows, base.prompt, base.gen, base.vocab, base.K, d, layers))
+    """Two families: the head's (vocabulary from 1k to LLaDA's, a small body) and the body's (a small
+    vocabulary, width, depth, rows, length and K varied), so each term of the fit is pinned down."""
+    head = Size(2, 32, 64, 4096, 2, 64, 2)
+    out = {Size(head.rows, head.prompt, head.gen, v, head.K, head.d, head.layers)
+           for v in (1024, 4096, 16384) + (() if quick else (65536, LLADA_VOCAB))}
+    out |= {Size(r, head.prompt, head.gen, 16384, k, head.d, head.layers) for r, k in ((1, 2), (4, 2), (2, 1), (2, 4))}
+    body = Size(2, 64, 128, 256, 2, 256, 4)
+    out.add(body)
+    for rows in (1, 4):
+        out.add(Size(rows, body.prompt, body.gen, body.vocab, body.K, body.d, body.layers))
+    for gen in (64, 256):
+        out.add(Size(body.rows, gen // 2, gen, body.vocab, body.K, body.d, body.layers))
+    for K in (1, 4):
+        out.add(Size(body.rows, body.prompt, body.gen, body.vocab, K, body.d, body.layers))
+    for d, layers in ((128, 4), (256, 2), (256, 8)) + (() if quick else ((512, 4), (512, 8))):
+        out.add(Size(body.rows, body.prompt, body.gen, body.vocab, body.K, d, layers))
     return sorted(out, key=lambda s: (s.vocab, s.d, s.layers, s.rows, s.gen, s.K))
 
 

@@ -132,7 +132,8 @@ class NativeLM(PreTrainedModel):
         cache = KVCache()
         for i, layer in enumerate(self.decoder_layers()):
             x, kv = layer(x, cos, sin, mask, None if not past_key_values else past_key_values[i])
-            cache.append(kv)
+            if use_cache:  # else each layer's keys and values are freed as soon as it is done
+                cache.append(kv)
         x = self.final_norm()(x)  # (B, L, D)
         kv = cache if use_cache else None
         if output_hidden:

@@ -164,7 +164,8 @@ class TinyDiffusionLM(nn.Module):
         cache: KVCache = []
         for i, blk in enumerate(self.blocks):
             x, kv = blk(x, position_ids, mask, None if past_key_values is None else past_key_values[i])
-            cache.append(kv)
+            if use_cache:  # else each layer's keys and values are freed as soon as it is done
+                cache.append(kv)
         out = head_outputs(self.norm(x), self.head, keep, targets, select)
         out.logits = None if out.logits is None else out.logits.float()
         out.past_key_values = cache if use_cache else None
