@@ -247,9 +247,13 @@ class Recipe:
         else:  # fp32 master weights, gradients and AdamW moments, all sharded
             base = 4 * PARAMS_8B / self.gpus
             state = 12 * PARAMS_8B / self.gpus
+        # the KL anchor (objective.beta > 0, StableDRL's default here): LoRA switches the adapters off, full
+        # fine-tuning keeps a frozen fp32 copy, sharded like the policy
+        reference = 0.0 if self.lora else 4 * PARAMS_8B / self.gpus
         gathered_rollout = 2 * PARAMS_8B if self.gpus > 1 else 0.0  # FSDP: the bf16 weights, gathered once
         gathered_layer = 2 * 2 * (4 * 4096**2 + 3 * 4096 * 12288) if self.gpus > 1 else 0.0  # two bf16 layers
-        return {"weights": base, "state": state, "rollout_gather": gathered_rollout, "layer_gather": gathered_layer}
+        return {"weights": base, "state": state, "reference": reference, "rollout_gather": gathered_rollout,
+                "layer_gather": gathered_layer}
 
 
 RECIPES = [Recipe("1 GPU, LoRA, StableDRL (K=2)", 1, True, 16, 8, 64),
@@ -267,11 +271,13 @@ def recipe_table(coef: dict[str, np.ndarray], prompt: int = 200, gen: int = 256,
         ev = predict(coef["rollout"], "rollout", Size(r.eval_rows, prompt, gen, K=1, **LLADA_8B))
         old = predict(coef["old"], "old", Size(r.rows_per_gpu, prompt, gen, K=K, **LLADA_8B))
         upd = predict(coef["update"], "update", Size(r.rows_per_gpu, prompt, gen, K=K, **LLADA_8B))
-        fixed = st["weights"] + st["state"]
+        fixed = st["weights"] + st["state"] + st["reference"]
         peaks = {"rollout": fixed + st["rollout_gather"] + roll, "evaluation": fixed + st["rollout_gather"] + ev,
                  "old values": fixed + st["layer_gather"] + old, "update": fixed + st["layer_gather"] + upd}
-        cols.append([st["weights"], st["state"], st["rollout_gather"], roll, ev, old, upd, max(peaks.values())])
-    names = ["weights (bf16 LoRA base / fp32 master, per GPU)", "gradients + AdamW state", "FSDP: weights gathered for a rollout",
+        cols.append([st["weights"], st["state"], st["reference"], st["rollout_gather"], roll, ev, old, upd,
+                     max(peaks.values())])
+    names = ["weights (bf16 LoRA base / fp32 master, per GPU)", "gradients + AdamW state",
+             "reference policy (beta > 0): adapters off / sharded fp32 copy", "FSDP: weights gathered for a rollout",
              "rollout call activations", "evaluation batch activations", "old values (no grad)",
              "update activations (forward + backward)", "**peak (the largest phase)**"]
     for i, n in enumerate(names):
