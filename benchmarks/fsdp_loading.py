@@ -6,8 +6,9 @@ Writes a random checkpoint in LLaDA's released layout at a scaled size (fp32), t
 of ``src/train.py`` on it with two gloo processes on the CPU, twice: ``trainer=fsdp`` (the first
 process reads the weights; the other builds the network on the ``meta`` device and receives its
 shards: ``training/strategy.py``) and ``trainer=ddp`` (every process loads the whole model, the
-baseline). Prints each process's peak resident memory (``ru_maxrss``, as each run logs it), the
-model's size, and what FSDP saved on the process that does not load.
+baseline). Prints each process's peak resident memory over the run (``ru_maxrss``, as each run logs
+it: the weights, gradients and optimizer state the process holds, and what reading the checkpoint
+took), the model's size, and what FSDP2 saved on the process that does not load it.
 """
 
 from __future__ import annotations

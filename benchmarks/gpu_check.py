@@ -301,7 +301,7 @@ def train_jobs(args, device: torch.device) -> None:
     import tempfile
 
     sys.path.insert(0, str(ROOT))
-    from benchmarks.memory import QUESTION, Size, fit, grid, phases, predict
+    from benchmarks.memory import QUESTION, Size, fit, grid, masked_count, phases, predict
     from tests.helpers import compose_cfg
     from tests.released_layouts import write_checkpoint
 
@@ -326,7 +326,7 @@ def train_jobs(args, device: torch.device) -> None:
                                                 "trainer.precision=32-true"] if cpu else []),
             "trainer=fsdp devices=1": ["trainer=fsdp", "trainer.devices=1"] + (
                 ["trainer.accelerator=cpu", "model.dtype=float32", "trainer.strategy_kwargs.param_dtype=null"] if cpu else [])}
-    coef = fit([(s, phases(s)) for s in grid(quick=True)])
+    coef = fit([(masked_count(s), phases(s)) for s in grid(quick=True)])
     for name, extra in jobs.items():
         seen: set[str] = set()
         hook = torch.nn.modules.module.register_module_forward_pre_hook(
