@@ -169,6 +169,9 @@ def check_protocol(protocol: str, task: Task) -> None:
     if protocol == "d1" and task.cfg.name not in D1_PROTOCOLS:
         raise ConfigError("eval.protocol", protocol,
                           f"d1's parsers exist for {', '.join(D1_PROTOCOLS)}, not task={task.cfg.name}")
+    if protocol == "d1" and getattr(task.cfg, "pin_givens", False):
+        raise ConfigError("task.pin_givens", True, "eval.protocol=d1 scores the grid the model writes, givens included, "
+                          "as d1 does: set task.pin_givens=false")
 
 
 def score_records(task: Task, records: list[dict[str, Any]], protocol: str = "ours") -> dict[int, dict[str, float]]:
@@ -228,7 +231,8 @@ def generate_records(task: Task, items: list[dict[str, Any]], lengths: list[int]
 
                 check_block_sampler(sampler, bundle.block_size)
             desc = f"{task.cfg.name} gen_length={length}" if ev.progress else None
-            completions = generate_texts(bundle, prompts, sampler, ev.batch_size, desc=desc)
+            canvas = task.canvas(items, bundle.tokenizer, sampler.gen_length, bundle.mask_token_id)
+            completions = generate_texts(bundle, prompts, sampler, ev.batch_size, desc=desc, canvas=canvas)
         records += [{"gen_length": length, "index": i, "prompt": p, "prefill": prefill, "completion": c, "item": it}
                     for i, (p, c, it) in enumerate(zip(prompts, completions, items))]
     return records

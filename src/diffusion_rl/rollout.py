@@ -91,11 +91,15 @@ class RolloutEngine:
         rows = shard.rows(ids.shape[0])
         ids, mask = ids[rows], mask[rows]  # (n, P)
         group_items = [it for it in items for _ in range(G)][rows]
+        canvas = self.task.canvas(group_items, tok, self.sampler.gen_length, self.bundle.mask_token_id)  # (n, L) | None
+        canvas = None if canvas is None else canvas.to(device)
         traj = None
         if self.objective.needs_trajectory:
             traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values,
                                       variable_steps=self.sampler.decode != "fixed")
-        completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj)
+        completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj,
+                                                               canvas)
+        pinned = None if canvas is None else canvas != self.bundle.mask_token_id  # (n, L) the task's known tokens
         n_generated = completion.shape[0]  # this process's rows, before dynamic sampling keeps some
         generated = completion.numel() * shard.world_size  # tokens, before dynamic sampling keeps some
         t_score = time.perf_counter()
@@ -111,6 +115,7 @@ class RolloutEngine:
             keep, metrics = self._keep_groups(rewards, G, shard)
             ids, mask, completion, rewards = ids[keep], mask[keep], completion[keep], rewards[keep]
             token_logp = None if token_logp is None else token_logp[keep]
+            pinned = None if pinned is None else pinned[keep]
             components = {k: v[keep] for k, v in components.items()}
             idx = keep.tolist()
             texts, group_items = [texts[i] for i in idx], [group_items[i] for i in idx]
@@ -161,7 +166,7 @@ class RolloutEngine:
             rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
             completion_mask=comp_mask, texts=texts, items=group_items, rewards=rewards, all_rewards=all_rewards,
             reward_components=components, advantages=adv[shard.rows(adv.shape[0])], shard=shard,
-            trajectory=traj, selected_steps=steps, metrics=metrics, sampler_logp=token_logp,
+            trajectory=traj, selected_steps=steps, metrics=metrics, sampler_logp=token_logp, pinned=pinned,
             loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
                        if self.task.cfg.loss_mask == "reward" else None),
         )
@@ -192,7 +197,8 @@ class RolloutEngine:
         return out
 
     def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
-                  recorder: TrajectoryRecorder | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  recorder: TrajectoryRecorder | None,
+                  canvas: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions (n, L), the sampler's log-prob of each of their tokens (n, L), ``[entropy sum,
         committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled
         tokens]`` (4,) float64 summed over this process's rows."""
@@ -209,7 +215,8 @@ class RolloutEngine:
                    else mix_seed(self.seed, rollout_id, _GUMBEL_SALT, first))
             gen = torch.Generator(device=ids.device).manual_seed(key)
             out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler,
-                                  self.bundle.mask_token_id, gen, recorder, eos_id=self.bundle.eos_token_id)
+                                  self.bundle.mask_token_id, gen, recorder, eos_id=self.bundle.eos_token_id,
+                                  canvas=None if canvas is None else canvas[s:s + size])
             parts.append(out.completion)
             assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
             logps.append(out.token_logp)

@@ -98,8 +98,9 @@ class LikelihoodEstimator(ABC):
         prompt_ids: torch.Tensor,  # (B, P)
         prompt_mask: torch.Tensor,  # (B, P)
         completion_ids: torch.Tensor,  # (B, L)
-        completion_mask: torch.Tensor,  # (B, L)
+        completion_mask: torch.Tensor,  # (B, L) the tokens to score
         seeds: list[int],
+        pinned: torch.Tensor | None = None,  # (B, L) bool: the task's known tokens, always visible, never scored
     ) -> torch.Tensor: ...
 
 
@@ -123,6 +124,17 @@ def forward_logps(forward, ids: torch.Tensor, attn: torch.Tensor | None, targets
     logits = forward(ids, attn) if position_ids is None else forward(ids, attn, position_ids)  # (B, T, V)
     out = token_logps(logits[:, start:start + targets.shape[1]], targets)  # (B, L)
     return out if select is None else out.masked_fill(~select, 0.0)
+
+
+def show_pinned(noisy: torch.Tensor, clean: torch.Tensor, pinned: torch.Tensor | None) -> torch.Tensor:
+    """A noisy completion (..., B, L) with the task's pinned positions (B, L) holding their tokens: a
+    pinned token is context, never masked (``Task.pinned_completion``)."""
+    return noisy if pinned is None else torch.where(pinned, clean, noisy)
+
+
+def unpinned(select: torch.Tensor, pinned: torch.Tensor | None) -> torch.Tensor:
+    """``select`` (..., B, L) without the pinned positions (B, L): a pinned token is never scored."""
+    return select if pinned is None else select & ~pinned
 
 
 def mask_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, u: torch.Tensor, p: float,

@@ -50,6 +50,7 @@ from diffusion_rl.likelihood.base import (
     batch_uniform,
     forward_logps,
     rand_rows,
+    unpinned,
 )
 
 _T_SALT = 0xC0C0
@@ -109,13 +110,13 @@ class ComplementaryEstimator(LikelihoodEstimator):
         prompt_hit = (u[:, 1:1 + P] < c.p_mask_prompt) & prompt_mask.bool()
         return ComplementaryDraw(prompt_hit, u[:, 1 + P:], t)
 
-    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
+    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned=None):
         """One forward over the three copies ``[full; half; comp]`` of ``3 B`` rows. -> (B, L)"""
         B, P = prompt_ids.shape
         L = completion_ids.shape[1]
         d = self.draw(seeds, prompt_mask, L)
         half = d.half
-        masked = torch.stack([torch.ones_like(half), half, ~half])  # (3, B, L)
+        masked = unpinned(torch.stack([torch.ones_like(half), half, ~half]), pinned)  # (3, B, L); pinned: context
         noisy_prompt = torch.where(d.prompt_hit, self.mask_id, prompt_ids)  # (B, P)
         noisy = torch.where(masked, self.mask_id, completion_ids)  # (3, B, L)
         ids = torch.cat([noisy_prompt.expand(3, B, P), noisy], -1).reshape(3 * B, P + L)

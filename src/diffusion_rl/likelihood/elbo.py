@@ -50,6 +50,7 @@ from diffusion_rl.likelihood.base import (
     force_at_least_one,
     forward_logps,
     rand_rows,
+    show_pinned,
 )
 from diffusion_rl.seeding import mix_seed
 
@@ -199,14 +200,16 @@ class ELBOEstimator(LikelihoodEstimator):
         prompt_hit = torch.stack([prompt_hit, prompt_hit], 1).reshape(K, B, P)
         return prompt_hit, masked, t, scored
 
-    def sample(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds) -> ELBOSample:
+    def sample(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds,
+               pinned=None) -> ELBOSample:
         """Draw the ``K`` masks and score them in one forward pass of ``K * B`` rows."""
         B, P = prompt_ids.shape
         L = completion_ids.shape[1]
         K = self.cfg.num_samples
         prompt_hit, masked, t, scored = self.draw(seeds, prompt_mask, completion_mask)
         noisy_prompt = torch.where(prompt_hit, self.mask_id, prompt_ids)  # (K, B, P)
-        noisy_comp = torch.where(masked | ~scored, self.mask_id, completion_ids)  # (K, B, L)
+        noisy_comp = show_pinned(torch.where(masked | ~scored, self.mask_id, completion_ids), completion_ids,
+                                 pinned)  # (K, B, L); pinned tokens are context (the caller does not score them)
         ids = torch.cat([noisy_prompt, noisy_comp], -1).reshape(K * B, P + L)
         attn = torch.cat([prompt_mask, torch.ones_like(completion_mask)], 1).repeat(K, 1)  # (K*B, P+L)
         logps = forward_logps(forward, ids, attn, completion_ids.repeat(K, 1), P,
@@ -222,5 +225,5 @@ class ELBOEstimator(LikelihoodEstimator):
         scored = torch.ones_like(completion_mask, dtype=torch.bool) if self.cfg.score_after_eos else completion_mask.bool()
         return elbo_from_logps(token_logp[None], scored[None], torch.ones_like(token_logp[None, :, 0]), self.cfg.weighting)
 
-    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
-        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds))
+    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned=None):
+        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned))

@@ -16,6 +16,7 @@ from diffusion_rl.likelihood.base import (
     forward_logps,
     mask_prompt,
     rand_rows,
+    show_pinned,
 )
 
 
@@ -23,10 +24,11 @@ from diffusion_rl.likelihood.base import (
 class OneStepEstimator(LikelihoodEstimator):
     per_token = True
 
-    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
+    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned=None):
         B, P = prompt_ids.shape
         u = rand_rows(seeds, P, prompt_ids.device)[0]  # (B, P)
         noisy_prompt = mask_prompt(prompt_ids, prompt_mask, u, self.cfg.p_mask_prompt, self.mask_id)
-        ids = torch.cat([noisy_prompt, torch.full_like(completion_ids, self.mask_id)], 1)  # (B, P+L)
+        noisy = show_pinned(torch.full_like(completion_ids, self.mask_id), completion_ids, pinned)  # (B, L)
+        ids = torch.cat([noisy_prompt, noisy], 1)  # (B, P+L)
         attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)
         return forward_logps(forward, ids, attn, completion_ids, P)  # (B, L)

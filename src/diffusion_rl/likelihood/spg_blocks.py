@@ -55,6 +55,8 @@ from diffusion_rl.likelihood.base import (
     LikelihoodEstimator,
     forward_logps,
     rand_rows,
+    show_pinned,
+    unpinned,
 )
 from diffusion_rl.likelihood.elbo import ELBOSample, elbo_from_logps
 
@@ -152,19 +154,21 @@ class SPGBlocksEstimator(LikelihoodEstimator):
         rank = keys.argsort(-1).argsort(-1)  # (K, B, L)
         return in_blk & (rank < count[..., None])
 
-    def sample(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds) -> ELBOSample:
+    def sample(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds,
+               pinned=None) -> ELBOSample:
         """Draw the ``K`` masks and score them in one forward pass of ``K * B`` rows."""
         B, P = prompt_ids.shape
         L = completion_ids.shape[1]
         K = self.cfg.num_samples
         d = self.draw(seeds, prompt_mask, completion_mask)
         noisy_prompt = torch.where(d.prompt_hit, self.mask_id, prompt_ids)  # (K, B, P)
-        noisy_comp = torch.where(d.noised, self.mask_id, completion_ids)  # (K, B, L)
+        noisy_comp = show_pinned(torch.where(d.noised, self.mask_id, completion_ids), completion_ids, pinned)  # (K, B, L)
         ids = torch.cat([noisy_prompt, noisy_comp], -1).reshape(K * B, P + L)
         attn = torch.cat([prompt_mask, torch.ones_like(completion_mask)], 1).repeat(K, 1)  # (K*B, P+L)
+        scored = unpinned(d.scored, pinned)  # (K, B, L)
         logps = forward_logps(forward, ids, attn, completion_ids.repeat(K, 1), P,
-                              select=d.scored.reshape(K * B, L)).view(K, B, L)
-        return ELBOSample(logps, d.scored, d.t)
+                              select=scored.reshape(K * B, L)).view(K, B, L)
+        return ELBOSample(logps, scored, d.t)
 
     def reduce(self, s: ELBOSample) -> torch.Tensor:
         """SPG's ELBO: the mean over samples of each sample's mean scored log-prob. -> (B,)"""
@@ -175,5 +179,5 @@ class SPGBlocksEstimator(LikelihoodEstimator):
         return elbo_from_logps(token_logp[None], completion_mask.bool()[None],
                                torch.ones_like(token_logp[None, :, 0]), "mean")
 
-    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
-        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds))
+    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned=None):
+        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned))

@@ -45,6 +45,7 @@ from diffusion_rl.likelihood.base import (
     force_at_least_one,
     forward_logps,
     rand_rows,
+    show_pinned,
 )
 from diffusion_rl.likelihood.elbo import MonteCarloConfig, elbo_from_logps, sample_seeds
 from diffusion_rl.sampling.block import align_prompt
@@ -191,7 +192,8 @@ class StaircaseEstimator(LikelihoodEstimator):
         masked = force_at_least_one((ub < t[..., None]) & sc, sc, ub).reshape(-1, B, L)  # at least one per block
         return prompt_hit, masked, t, scored
 
-    def sample(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds) -> StaircaseSample:
+    def sample(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds,
+               pinned=None) -> StaircaseSample:
         """Draw the ``K`` masks and score every block of every copy in one forward of ``K * B`` rows."""
         if self.block_size < 1:
             raise RuntimeError("StaircaseEstimator is not bound to a block model: call bind(bundle) first")
@@ -204,7 +206,8 @@ class StaircaseEstimator(LikelihoodEstimator):
         K = self.cfg.num_samples
         prompt_hit, masked, t, scored = self.draw(seeds, prompt_mask, completion_mask)
         noisy_prompt = torch.where(prompt_hit, self.mask_id, prompt_ids).reshape(K * B, P)
-        noisy = torch.where(masked | ~scored, self.mask_id, completion_ids).reshape(K * B, L)
+        noisy = show_pinned(torch.where(masked | ~scored, self.mask_id, completion_ids), completion_ids,
+                            pinned).reshape(K * B, L)
         clean = completion_ids.repeat(K, 1)  # (K*B, L)
         scorer = staircase_logps if self.cfg.one_pass else per_block_logps
         logps = scorer(forward, noisy_prompt, prompt_mask.repeat(K, 1), clean, noisy, bs,
@@ -222,5 +225,5 @@ class StaircaseEstimator(LikelihoodEstimator):
         t = token_logp.new_ones(1, B, L // self.block_size)
         return block_elbo_from_logps(token_logp[None], scored[None], t, self.block_size, self.cfg.weighting)
 
-    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
-        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds))
+    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned=None):
+        return self.reduce(self.sample(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned))

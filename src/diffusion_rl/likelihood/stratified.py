@@ -56,6 +56,7 @@ from diffusion_rl.likelihood.base import (
     batch_uniform,
     forward_logps,
     rand_rows,
+    show_pinned,
 )
 from diffusion_rl.likelihood.elbo import sample_seeds
 
@@ -144,7 +145,7 @@ class StratifiedEstimator(LikelihoodEstimator):
             out.append((hit, keys, offset, counts, subset_of_size(keys, scored, counts)))
         return StratifiedDraw(*(torch.stack(parts) for parts in zip(*out)))
 
-    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds):
+    def __call__(self, forward, prompt_ids, prompt_mask, completion_ids, completion_mask, seeds, pinned=None):
         """One forward over the ``K`` masked-set copies and (``coupled``) their complements. -> (B, L)"""
         B, P = prompt_ids.shape
         L = completion_ids.shape[1]
@@ -153,7 +154,8 @@ class StratifiedEstimator(LikelihoodEstimator):
         K = d.masked.shape[0]
         masked = torch.stack([d.masked, scored & ~d.masked] if self.cfg.coupled else [d.masked])  # (C, K, B, L)
         C = masked.shape[0]
-        noisy = torch.where(masked | ~scored, self.mask_id, completion_ids)  # (C, K, B, L)
+        noisy = show_pinned(torch.where(masked | ~scored, self.mask_id, completion_ids), completion_ids,
+                            pinned)  # (C, K, B, L)
         noisy_prompt = torch.where(d.prompt_hit, self.mask_id, prompt_ids).expand(C, K, B, P)
         ids = torch.cat([noisy_prompt, noisy], -1).reshape(C * K * B, P + L)
         attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1).repeat(C * K, 1)

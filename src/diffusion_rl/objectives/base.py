@@ -113,12 +113,16 @@ class Rollout:
     # (n, L) the sampler's temperature-1 log-prob of each completion token, from the logits it was
     # committed with (0 where filled without a forward); None: not recorded (no mismatch, no TIS)
     sampler_logp: torch.Tensor | None = None
+    # (n, L) bool: the task's pinned tokens (Task.pinned_completion: Sudoku's givens), in the canvas from
+    # the start: never masked by an estimator, never scored; None: nothing pinned
+    pinned: torch.Tensor | None = None
 
     @property
     def scored_mask(self) -> torch.Tensor:
-        """(n, L) the tokens the policy gradient acts on: up to the first EOS and, with
+        """(n, L) the tokens the policy gradient acts on: up to the first EOS, not pinned and, with
         ``task.loss_mask=reward``, read by the reward."""
-        return self.completion_mask if self.loss_mask is None else self.completion_mask * self.loss_mask
+        mask = self.completion_mask if self.loss_mask is None else self.completion_mask * self.loss_mask
+        return mask if self.pinned is None else mask * (~self.pinned).to(mask.dtype)
 
 
 @dataclass

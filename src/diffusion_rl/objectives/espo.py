@@ -132,13 +132,16 @@ class ESPO(Objective):
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the ELBO covers (``elbo_tokens``)."""
         ro = ctx.rollout
-        return torch.ones_like(ro.completion_mask) if self.cfg.elbo_tokens == "all" else ro.scored_mask
+        if self.cfg.elbo_tokens != "all":
+            return ro.scored_mask
+        every = torch.ones_like(ro.completion_mask)
+        return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)  # pinned tokens are context
 
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro = ctx.rollout
         mask = self.covered(ctx)
         terms = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, mask,
-                                self.mask_seeds(ctx, role))  # (n, L)
+                                self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L)
         return Scores(terms, mask)
 
     def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -145,7 +145,7 @@ class SPG(Objective):
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro = ctx.rollout
         data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask)
-        s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role))
+        s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role), pinned=ro.pinned)
         elbo = elbo_from_logps(s.token_logps, s.masked, s.t, "mean")  # (n,)
         L = ro.completion_ids.shape[1]
         surrogate = None

@@ -170,7 +170,7 @@ class StableDRL(Objective):
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro, c = ctx.rollout, self.cfg
         data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask)
-        s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role))
+        s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role), pinned=ro.pinned)
         elbo = self.likelihood.reduce(s)  # (n,)
         surrogate = None
         if role == "policy" and c.surrogate == "spg_mix":

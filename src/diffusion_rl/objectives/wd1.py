@@ -125,6 +125,7 @@ class WD1(Objective):
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         ro = ctx.rollout
         seeds = self.mask_seeds(ctx, role)
-        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask, seeds)
+        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask, seeds,
+                               pinned=ro.pinned)
         # the weighted likelihood sums the tokens the reward reads; the KL anchor covers the whole completion
         return Scores(logp, ro.scored_mask, kl_logp=logp, kl_mask=ro.completion_mask)

@@ -36,6 +36,7 @@ from diffusion_rl.sampling.sampler import (
     denoise_step,
     fill_after,
     generate,
+    start_canvas,
 )
 
 
@@ -82,6 +83,7 @@ def block_generate(
     recorder: StepRecorder | None = None,
     use_cache: bool = True,
     eos_id: int | None = None,
+    canvas: torch.Tensor | None = None,
 ) -> SampleOutput:
     """Sample block by block; ``net(input_ids=, attention_mask=, past_key_values=, use_cache=)``.
 
@@ -89,8 +91,8 @@ def block_generate(
     (the reference the cache is checked against). A ``recorder`` sees full-width ``(B, P + L)``
     tensors; the logits outside the current block are zeros (a block model has not computed them:
     EGSPO-SA's greedy completions of later blocks are therefore not meaningful here).
-    ``sampler.decode`` and ``sampler.stop_after_eos`` (which needs ``eos_id``; SDAR's sampler stops
-    after a block that holds EOS too) work as in the masked-diffusion sampler.
+    ``sampler.decode``, ``sampler.stop_after_eos`` (which needs ``eos_id``; SDAR's sampler stops
+    after a block that holds EOS too) and ``canvas`` (pinned tokens) work as in the masked-diffusion sampler.
     """
     check_block_sampler(cfg, block_size)
     if cfg.stop_after_eos and eos_id is None:
@@ -100,7 +102,7 @@ def block_generate(
     prompt_ids, keep_prompt, pad = align_prompt(prompt_ids, prompt_mask, block_size, mask_id)  # pads: never attended
     P, L, bs = prompt_ids.shape[1], cfg.gen_length, block_size
     n_steps = cfg.steps // (L // bs)
-    x = torch.cat([prompt_ids, torch.full((B, L), mask_id, dtype=prompt_ids.dtype, device=device)], 1)  # (B, T)
+    x = torch.cat([prompt_ids, start_canvas(canvas, B, L, mask_id, prompt_ids)], 1)  # (B, T)
     keep = torch.cat([keep_prompt.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)  # (B, T)
     gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
     stats = CommitStats(B, P + L, device)
@@ -152,11 +154,13 @@ def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Te
 
 def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                     cfg: SamplerConfig, mask_id: int, generator: torch.Generator | None = None,
-                    recorder: StepRecorder | None = None, eos_id: int | None = None) -> SampleOutput:
+                    recorder: StepRecorder | None = None, eos_id: int | None = None,
+                    canvas: torch.Tensor | None = None) -> SampleOutput:
     """The sampler a network needs: block diffusion for a block model (``block_size > 0``), with the
     key/value cache where the network supports it, else the masked-diffusion sampler (with
     ``sampler.cache`` on ``net``)."""
     if block_size > 0:
         return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, generator, recorder,
-                              use_cache=getattr(net, "supports_kv_cache", False), eos_id=eos_id)
-    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, generator, recorder, net=net, eos_id=eos_id)
+                              use_cache=getattr(net, "supports_kv_cache", False), eos_id=eos_id, canvas=canvas)
+    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, generator, recorder, net=net, eos_id=eos_id,
+                    canvas=canvas)

@@ -306,18 +306,21 @@ def generate(
     *,
     net: nn.Module | None = None,
     eos_id: int | None = None,
+    canvas: torch.Tensor | None = None,
 ) -> SampleOutput:
     """Run the remasking sampler; ``forward(ids, attention_mask) -> logits (B, T, V)``.
 
     ``cache=prefix|dual`` need the network itself (``net``: see :class:`~diffusion_rl.models.policy.KVCacheLM`),
-    ``stop_after_eos`` the EOS id.
+    ``stop_after_eos`` the EOS id. ``canvas`` (B, L): the completion to start from, the mask id at the
+    positions to decode; any other token is pinned (a task's known tokens: never masked, sampled or
+    committed, and each block commits its masked positions only); None: every position masked.
     """
     B, P = prompt_ids.shape
     device = prompt_ids.device
     L, bl = cfg.gen_length, cfg.block_length
     if cfg.stop_after_eos and eos_id is None:
         raise ValueError("sampler.stop_after_eos needs the EOS id")
-    x = torch.cat([prompt_ids, torch.full((B, L), mask_id, dtype=prompt_ids.dtype, device=device)], 1)  # (B, T)
+    x = torch.cat([prompt_ids, start_canvas(canvas, B, L, mask_id, prompt_ids)], 1)  # (B, T)
     attn = None
     if prompt_mask is not None and not bool(prompt_mask.all()):
         attn = torch.cat([prompt_mask.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)
@@ -342,6 +345,15 @@ def generate(
             x = fill_after(x, end, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
             break
     return stats.finish(x, x[:, P:])
+
+
+def start_canvas(canvas: torch.Tensor | None, batch: int, length: int, mask_id: int, like: torch.Tensor) -> torch.Tensor:
+    """The completion a sampler starts from: ``canvas`` (B, L) as given, or every position masked."""
+    if canvas is None:
+        return torch.full((batch, length), mask_id, dtype=like.dtype, device=like.device)
+    if tuple(canvas.shape) != (batch, length):
+        raise ValueError(f"canvas {tuple(canvas.shape)} must cover the completion ({batch}, {length})")
+    return canvas.to(device=like.device, dtype=like.dtype)
 
 
 def guided_logits(forward: Forward, x: torch.Tensor, attn: torch.Tensor | None, scale: float,

@@ -132,6 +132,26 @@ class Task(ABC):
         ``task.loss_mask=reward``; None: all of them (the default for tasks that do not say)."""
         return None
 
+    def pinned_completion(self, item: dict[str, Any]) -> list[str | None] | None:
+        """The completion's tokens a task knows in advance, as texts, one per completion position from
+        the first (None where the model decides; positions past the list are free); None: nothing
+        pinned (the default). Pinned tokens start in the sampler's canvas and are never masked,
+        sampled or scored: diffusion-native infilling (``Task.canvas``)."""
+        return None
+
+    def canvas(self, items: Sequence[dict[str, Any]], tokenizer: Any, length: int, mask_id: int) -> torch.Tensor | None:
+        """(B, L) the completions the sampler starts from: each item's pinned tokens, the mask id
+        elsewhere; None when no item pins anything. A pinned text must be one token of ``tokenizer``."""
+        rows = [self.pinned_completion(it) for it in items]
+        if all(r is None for r in rows):
+            return None
+        out = torch.full((len(items), length), mask_id, dtype=torch.long)
+        for b, row in enumerate(rows):
+            for i, text in enumerate((row or [])[:length]):
+                if text is not None:
+                    out[b, i] = single_token(tokenizer, text)
+        return out
+
     def token_rewards(self, item: dict[str, Any], tokens: list[str]) -> list[float] | None:
         """The reward earned by each completion token, summing to the completion's reward, for
         ``advantage=per_token``; None: the reward does not split over tokens (the default)."""
@@ -214,6 +234,14 @@ class Task(ABC):
     def details(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Extra fields per completion for the generations files (the code tasks' sandbox verdict)."""
         return [{} for _ in completions]
+
+
+def single_token(tokenizer: Any, text: str) -> int:
+    """The id of ``text`` as one token; a text the tokenizer splits cannot be pinned to one position."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ConfigError("task.pin", text, f"pins one completion position, but the tokenizer makes {len(ids)} tokens of it")
+    return int(ids[0])
 
 
 class _Items(Dataset):

@@ -218,6 +218,10 @@ class SudokuConfig(TaskConfig):
     max_givens: int = 10
     test_fraction: float = 0.2  # share of the 288 grids held out (generated test set)
     rewards: str = "auto"  # auto = d1_fixed = plain (our cell reward) | d1 (d1's own, quirks included)
+    # the givens start in the sampler's canvas and are never masked, sampled or scored: only the empty
+    # cells are decisions (Task.pinned_completion). false: the model writes every cell, givens included
+    # (the papers' and d1's formulation, which the d1 protocol scores)
+    pin_givens: bool = True
 
     def validate(self) -> None:
         super().validate()
@@ -330,6 +334,12 @@ class SudokuTask(Task):
         puzzle, solution = item["puzzle"], item["solution"]
         empty = sum(c == "0" for c in puzzle) or 1
         return [sum(puzzle[k] == "0" and d == solution[k] for k, d in pairs) / empty for pairs in answer_cells(tokens)]
+
+    def pinned_completion(self, item: dict[str, Any]) -> list[str | None] | None:
+        """With ``task.pin_givens``: the givens at their cells (the answer is the 16-cell grid)."""
+        if not self.cfg.pin_givens:
+            return None
+        return [None if c == "0" else c for c in item["puzzle"]]
 
     def prompt(self, item: dict[str, Any]) -> str:
         return f"{item['puzzle']}="

@@ -32,7 +32,10 @@ from diffusion_rl.training.strategy import gathered
 
 @torch.no_grad()
 def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerConfig, batch_size: int,
-                   generator: torch.Generator | None = None, desc: str | None = None) -> list[str]:
+                   generator: torch.Generator | None = None, desc: str | None = None,
+                   canvas: torch.Tensor | None = None) -> list[str]:
+    """Completions of ``prompts``, ``batch_size`` at a time; ``canvas`` (N, L): each one's pinned tokens
+    (``Task.canvas``), or None."""
     net = bundle.net
     was_training = net.training
     net.eval()
@@ -43,7 +46,8 @@ def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerCon
         for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
             ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
             res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, generator,
-                                  eos_id=bundle.eos_token_id)
+                                  eos_id=bundle.eos_token_id,
+                                  canvas=None if canvas is None else canvas[s : s + batch_size].to(device))
             out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
     net.train(was_training)
     return out
@@ -65,8 +69,9 @@ def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: S
     rank, world = _group()
     greedy = replace(sampler, temperature=0.0)
     mine = items[rank::world]
+    canvas = task.canvas(mine, bundle.tokenizer, greedy.gen_length, bundle.mask_token_id) if mine else None
     texts = generate_texts(bundle, [task.prompt(it) for it in mine], greedy, batch_size,
-                           desc=desc if rank == 0 else None)
+                           desc=desc if rank == 0 else None, canvas=canvas)
     if world > 1:  # every process's completions, back in item order
         parts: list[list[str]] = [[] for _ in range(world)]
         dist.all_gather_object(parts, texts)

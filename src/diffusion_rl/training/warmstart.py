@@ -58,8 +58,11 @@ def encode_targets(tokenizer, targets: list[str], gen_length: int, eos_id: int) 
 
 
 def masked_diffusion_loss(forward, prompt_ids, prompt_mask, target_ids, mask_id: int,
-                          generator: torch.Generator, t_min: float = 1e-3, weighting: str = "inverse_t") -> torch.Tensor:
-    """Mask each target token w.p. ``t ~ U(t_min, 1)``; cross-entropy on the masked tokens.
+                          generator: torch.Generator, t_min: float = 1e-3, weighting: str = "inverse_t",
+                          pinned: torch.Tensor | None = None) -> torch.Tensor:
+    """Mask each target token w.p. ``t ~ U(t_min, 1)``; cross-entropy on the masked tokens. ``pinned``
+    (B, L): the task's known tokens (``Task.pinned_completion``), never masked (the sampler starts
+    from them), so the model learns what RL asks of it: the free positions.
 
     ``weighting="inverse_t"`` is LLaDA's SFT loss (sum / t / L, the ELBO); ``"mean"`` averages over
     the masked tokens, which avoids the 1/t variance at small t and trains faster at this scale.
@@ -67,6 +70,8 @@ def masked_diffusion_loss(forward, prompt_ids, prompt_mask, target_ids, mask_id:
     B, L = target_ids.shape
     t = t_min + (1 - t_min) * torch.rand(B, 1, generator=generator)  # (B, 1)
     hit = torch.rand(B, L, generator=generator) < t  # (B, L)
+    if pinned is not None:
+        hit = hit & ~pinned
     noisy = torch.where(hit, torch.full_like(target_ids, mask_id), target_ids)
     ids = torch.cat([prompt_ids, noisy], 1)
     attn = torch.cat([prompt_mask, torch.ones_like(target_ids)], 1)
@@ -107,7 +112,10 @@ def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig
         p_ids, p_mask = encode_prompts(bundle.tokenizer, [task.prompt(it) for it in batch],
                                        pad_to_multiple_of=bundle.block_size)  # block models: whole prompt blocks
         tgt = encode_targets(bundle.tokenizer, [task.target(it) for it in batch], gen_length, bundle.eos_token_id)
-        loss = masked_diffusion_loss(forward, p_ids, p_mask, tgt, bundle.mask_token_id, gen, weighting=cfg.weighting)
+        canvas = task.canvas(batch, bundle.tokenizer, gen_length, bundle.mask_token_id)
+        pinned = None if canvas is None else canvas != bundle.mask_token_id
+        loss = masked_diffusion_loss(forward, p_ids, p_mask, tgt, bundle.mask_token_id, gen, weighting=cfg.weighting,
+                                     pinned=pinned)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
