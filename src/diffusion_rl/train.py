@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +85,9 @@ class EvalConfig:
     # and every n optimizer steps during RL, on the validation split (val/* in metrics.csv); 0 = never
     every_n_steps: int = 50
     batch_size: int = 256
-    # evaluate with the rollout sampler's fewer-forward options (sampler.decode, cache, stop_after_eos);
-    # false: the exact sampler of SPEC §2, so runs with different rollout samplers share one protocol
+    # evaluate with the rollout sampler as it is (its remasking order and fewer-forward options: decode,
+    # cache, stop_after_eos); false: the exact low-confidence sampler of SPEC §2, so runs with different
+    # rollout samplers share one protocol
     fast_sampler: bool = False
 
     def validate(self) -> None:
@@ -205,7 +206,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
     progress = c.trainer.enable_progress_bar
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
-    eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
+    # the papers' evaluation protocol: low-confidence remasking on the exact schedule, whatever order and
+    # fewer-forward options the rollouts use (eval.fast_sampler=true: the rollouts' sampler as it is)
+    eval_sampler = c.sampler if c.run.eval.fast_sampler else replace(c.sampler.as_exact(), remasking="low_confidence")
     ev = c.run.eval
     periodic = PeriodicEval(c.task, test_items, eval_sampler, ev.batch_size, ev.every_n_steps, before=ev.before,
                             after=ev.after, periodic_items=datamodule.validation_items(), progress=progress)
