@@ -48,8 +48,9 @@ from diffusion_rl.rewards import math500 as math_mod
 
 from .conftest import FIXTURES
 
-# per completion (SPEC §5), generous so that a loaded 2-core machine cannot flake it: the property is that
-# no input makes a reward run away (catastrophic backtracking takes minutes); speed is benchmarks' business
+# per completion (docs/methods.md §5), generous so that a loaded 2-core machine cannot flake it: the
+# property is that no input makes a reward run away (catastrophic backtracking takes minutes); speed
+# is benchmarks' business
 TIME_BOUND_S = 5.0
 needs_math_verify = pytest.mark.skipif(
     importlib.util.find_spec("math_verify") is None,
