@@ -1,7 +1,7 @@
 """Reward throughput: sandboxed programs per second, and math-verify completions per second.
 
-1. Sandbox (``rewards/sandbox.py``): the canonical HumanEval solutions (and MBPP's test split when
-   ``../shared/data/mbpp.jsonl`` is there) as a batch of 512 programs, run with 1 and 2 workers;
+1. Sandbox (``rewards/sandbox.py``): the canonical HumanEval solutions (and MBPP's test split from
+   ``tests/fixtures/mbpp/mbpp.jsonl``) as a batch of 512 programs, run with 1 and 2 workers;
    prints programs scored per second (every program must pass).
 2. math-verify (``rewards/verify_pool.py``): completions whose boxed answer is a MATH-500 gold answer
    rewritten (``\\frac{a}{b}`` -> ``a/b``, ``\\left`` / ``\\right`` dropped, ...), so each needs
@@ -32,7 +32,7 @@ from diffusion_rl.rewards import math500, verify_pool  # noqa: E402
 from diffusion_rl.rewards.code import program_of  # noqa: E402
 from diffusion_rl.rewards.sandbox import Sandbox, SandboxConfig  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+FIXTURES = ROOT / "tests" / "fixtures"  # public benchmark files (tests/fixtures/README.md)
 
 
 # ---- programs ---------------------------------------------------------------------------------------
@@ -42,8 +42,8 @@ def canonical_programs(n: int) -> list:
     from diffusion_rl.tasks import humaneval, mbpp
 
     items = [(humaneval.make_item(p), p["prompt"] + p["canonical_solution"]) for p in read_problems().values()]
-    if (DATA / "mbpp.jsonl").is_file():
-        rows = [json.loads(line) for line in open(DATA / "mbpp.jsonl")]
+    if (FIXTURES / "mbpp" / "mbpp.jsonl").is_file():
+        rows = [json.loads(line) for line in open(FIXTURES / "mbpp" / "mbpp.jsonl")]
         items += [(mbpp.make_item(r, "mbpp"), r["code"]) for r in rows if 11 <= r["task_id"] <= 510]
     programs = [program_of(f"```python\n{code}\n```", item) for item, code in items]
     return (programs * (n // len(programs) + 1))[:n]
@@ -75,7 +75,7 @@ def rewrite(gold: str) -> str:
 
 
 def math_items(n: int) -> list[str]:
-    path = DATA / "math500_test.jsonl"
+    path = FIXTURES / "math500" / "math500_test.jsonl"
     if not path.is_file():
         sys.exit(f"{path} is needed for the math-verify benchmark")
     return [json.loads(line)["answer"] for line in open(path)][:n]

@@ -1,11 +1,12 @@
 """Write the 4x4 Sudoku test set of d1's released LLaDA generations as a ``Puzzle,Solution`` CSV.
 
-d1's released evaluation files (``../shared/data/d1_llada_eval/sudoku_*_generations.json``) hold the
+d1's released evaluation files (``d1_llada_eval/sudoku_*_generations.json``, packed in
+``tests/fixtures/d1_llada_eval/``; unpack with ``tar -xJf``) hold the
 public test puzzles (in each ``question``) and their reference solutions (``ground_truth``). This
 writes them once, in file order, as the CSV the Sudoku task reads, so a policy can be evaluated on
 the papers' puzzles:
 
-    python scripts/d1_sudoku_csv.py ../shared/data/d1_llada_eval outputs/data/sudoku_d1_test.csv
+    python scripts/d1_sudoku_csv.py /tmp/d1/d1_llada_eval outputs/data/sudoku_d1_test.csv
     python src/eval.py task=sudoku task.data_path=outputs/data/sudoku_d1_test.csv ckpt_path=<run>
 """
 

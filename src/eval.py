@@ -5,7 +5,7 @@
     python src/eval.py policy=warmstart task=sudoku                                      # no RL, no checkpoint
     python src/eval.py policy=reference task=math500 task.data_path=math500_test.jsonl   # must score 100%
     python src/eval.py mode=score task=gsm8k generations=.../generations.jsonl            # no model
-    python src/eval.py mode=score task=gsm8k eval.protocol=d1 generations=../shared/data/d1_llada_eval  # the papers' row
+    python src/eval.py mode=score task=gsm8k eval.protocol=d1 generations=<d1_llada_eval folder>  # the papers' row
 
 A checkpoint carries its run's model, tokenizer, task and sampler config, and the evaluation uses
 them; what the command line sets explicitly goes on top (a different network is refused).

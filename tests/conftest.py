@@ -16,7 +16,21 @@ register_configs()  # the base_* nodes every conf/ yaml starts from
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-SHARED_DATA = Path(os.environ.get("DIFFUSION_RL_SHARED_DATA", ROOT.parent / "shared" / "data"))
+FIXTURES = ROOT / "tests" / "fixtures"  # public benchmark files the tests read (fixtures/README.md)
+
+
+@pytest.fixture(scope="session")
+def d1_generations(tmp_path_factory) -> Path:
+    """d1's released LLaDA generations (85 JSON files), unpacked from the fixture archive."""
+    import tarfile
+
+    out = tmp_path_factory.mktemp("d1")
+    with tarfile.open(FIXTURES / "d1_llada_eval" / "d1_llada_eval.tar.xz") as tar:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
+            tar.extractall(out, filter="data")
+        else:
+            tar.extractall(out)  # noqa: S202 (our own archive)
+    return out / "d1_llada_eval"
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
-"""Test-only transcriptions of the LLaDA, Dream and SDAR forwards from SPEC §9, written as plainly as
-possible and sharing no code with ``src/diffusion_rl/models``: loops over sequences, heads and
-positions, the norm / rotary / softmax / SiLU formulas spelled out, weights read by their released
-names. Slow, fp32, for tiny models only.
+"""Test-only transcriptions of the LLaDA, Dream and SDAR forwards from docs/methods.md §9, written
+as plainly as possible and sharing no code with ``src/diffusion_rl/models``: loops over sequences,
+heads and positions, the norm / rotary / softmax / SiLU formulas spelled out, weights read by their
+released names. Slow, fp32, for tiny models only.
 
 Attention is given as ``allowed(b, i, j) -> bool`` (query ``i`` may attend key ``j`` in row ``b``) and
 positions as a list of lists, so each test states the masking rule it expects in its own words.

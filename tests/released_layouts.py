@@ -4,7 +4,7 @@ released key names with an index, and a tokenizer in the released format whose s
 the released ids (``real_ids=True``: the vocabulary is padded with filler tokens up to them).
 
 The key names and config fields are transcribed from the released ``config.json``,
-``model.safetensors.index.json`` and modelling files (SPEC §9); they are independent of
+``model.safetensors.index.json`` and modelling files (docs/methods.md §9); they are independent of
 ``src/diffusion_rl/models`` on purpose, so a wrong name there fails to load here.
 
 Write one for the user path (``python src/train.py model=llada_8b_instruct model.path=...``)::

@@ -1,4 +1,5 @@
-"""Block diffusion: block-causal model, exact key/value cache, block sampler, staircase ELBO (SPEC §1-3)."""
+"""Block diffusion: block-causal model, exact key/value cache, block sampler, staircase ELBO
+(docs/methods.md §1-3)."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""Prefix and dual key/value caches of the masked-diffusion sampler (sampling/cache.py, SPEC §10)."""
+"""Prefix and dual key/value caches of the masked-diffusion sampler (sampling/cache.py,
+docs/methods.md §10)."""
 
 from dataclasses import replace
 

@@ -1,4 +1,5 @@
-"""Diagnostics (SPEC §6): spike detection, cross-process reduction, the callback in a tiny run."""
+"""Diagnostics (docs/methods.md §6): spike detection, cross-process reduction, the callback in a
+tiny run."""
 
 import csv
 import math

@@ -1,6 +1,7 @@
-"""Dream (models/dream.py) against an independent transcription of its forward (SPEC §9), on a tiny
-random checkpoint in the released layout, and its shifted logits hidden from the policy interface.
-With ``DIFFUSION_RL_REMOTE_CODE_DIR`` set, also against the released ``modeling_dream.py``."""
+"""Dream (models/dream.py) against an independent transcription of its forward (docs/methods.md §9),
+on a tiny random checkpoint in the released layout, and its shifted logits hidden from the policy
+interface. With ``DIFFUSION_RL_REMOTE_CODE_DIR`` set, also against the released
+``modeling_dream.py``."""
 
 from __future__ import annotations
 

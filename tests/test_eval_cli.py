@@ -21,7 +21,7 @@ from diffusion_rl.evaluate import evaluate_checkpoint, rescore_generations, run_
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig
 
-from .conftest import ROOT, SHARED_DATA
+from .conftest import FIXTURES, ROOT
 from .helpers import TINY
 from .test_text_tasks import compose_eval, write_jsonl
 
@@ -143,17 +143,15 @@ def _run(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess
 
 
 def test_eval_py_reference_policy_scores_100_percent(tmp_path):
-    cd3 = SHARED_DATA / "countdown_cd3_test.jsonl"
-    data = [f"task.data_path={cd3}"] if cd3.is_file() else ["task.num_test=64"]  # generated items otherwise
+    cd3 = FIXTURES / "countdown" / "countdown_cd3_test.jsonl"
     out = _run("eval.py", ["policy=reference", "task=countdown", "eval.progress=false", "eval.gen_lengths=[16,32]",
-                           f"hydra.run.dir={tmp_path / 'ev'}", *data], tmp_path)
+                           f"hydra.run.dir={tmp_path / 'ev'}", f"task.data_path={cd3}"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.load(open(tmp_path / "ev" / "eval_summary.json"))
     assert summary["by_length"]["16"]["accuracy"] == summary["by_length"]["32"]["accuracy"] == 1.0
-    assert summary["num_items"] == (256 if cd3.is_file() else 64)
+    assert summary["num_items"] == 256
     assert "| 32 | 1.0000 |" in out.stdout
-    scored = f"Scored all 256 items of {cd3}." if cd3.is_file() else "Scored 64 items of the task's own test set (task.num_test=64)."
-    assert scored in out.stdout.splitlines()  # the printed summary says what was scored
+    assert f"Scored all 256 items of {cd3}." in out.stdout.splitlines()  # the printed summary says what was scored
     assert "- `accuracy`: share of items whose expression uses each given number once" in out.stdout
 
 

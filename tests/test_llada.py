@@ -1,7 +1,7 @@
-"""LLaDA (models/llada.py) against an independent transcription of its forward (SPEC §9), on a tiny
-random checkpoint in the released layout: as released (padding attended, positions count it) and
-with the padding-aware option. With ``DIFFUSION_RL_REMOTE_CODE_DIR`` set, also against the released
-``modeling_llada.py`` (skipped otherwise)."""
+"""LLaDA (models/llada.py) against an independent transcription of its forward (docs/methods.md §9),
+on a tiny random checkpoint in the released layout: as released (padding attended, positions count
+it) and with the padding-aware option. With ``DIFFUSION_RL_REMOTE_CODE_DIR`` set, also against the
+released ``modeling_llada.py`` (skipped otherwise)."""
 
 from __future__ import annotations
 

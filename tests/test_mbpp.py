@@ -1,7 +1,7 @@
 """MBPP: the usual split by task_id, prompts, the names the tests take from the program, and
 ``policy=reference`` scoring 100% on the test split (a wrong solution set scores 0).
 
-The tests on the real file skip when ``../shared/data`` is absent. Run: pytest tests/test_mbpp.py -q
+The real file is tests/fixtures/mbpp/mbpp.jsonl (see tests/fixtures/README.md). Run: pytest tests/test_mbpp.py -q
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from diffusion_rl.evaluate import evaluate_checkpoint, rescore_generations
 from diffusion_rl.tasks.mbpp import remote_names
 from diffusion_rl.train import build_task
 
-from .conftest import SHARED_DATA
+from .conftest import FIXTURES
 from .helpers import compose_cfg
 from .test_text_tasks import compose_eval, write_jsonl
 
-MBPP = SHARED_DATA / "mbpp.jsonl"
-needs_data = pytest.mark.skipif(not MBPP.is_file(), reason=f"shared benchmark file absent at {MBPP} (project machines only)")
+MBPP = FIXTURES / "mbpp" / "mbpp.jsonl"
 
 
 def _row(task_id: int) -> dict:
@@ -59,7 +58,6 @@ def test_remote_names_are_what_the_tests_call_that_the_solution_defines():
     assert remote_names("def sum(a, b):\n    return 1\n", ["assert sum(10, 15) == 6"]) == ["sum"]  # shadows a builtin
 
 
-@needs_data
 def test_reference_passes_the_test_split_and_a_wrong_set_nothing(tmp_path):
     cfg = compose_eval(["task=mbpp", f"task.data_path={MBPP}", "policy=reference", "eval.gen_lengths=[128]"], tmp_path)
     summary = evaluate_checkpoint(cfg, tmp_path / "ref")
@@ -73,7 +71,6 @@ def test_reference_passes_the_test_split_and_a_wrong_set_nothing(tmp_path):
     assert out["pass@1"] == 0.0
 
 
-@needs_data
 def test_every_split_of_the_real_file(tmp_path):
     task = _task(tmp_path, f"task.data_path={MBPP}")
     assert len(task.test_items()) == 500 and len(task.train_items()) == 374

@@ -1,5 +1,5 @@
 """Reward functions: hand cases, d1 agreement, hostile inputs, time bounds, and gold/perturbed
-answers over every row of the shared benchmark files (skipped when those files are absent).
+answers over every row of the benchmark files in tests/fixtures/.
 
 Run: PYTHONPATH=src pytest tests/test_rewards.py -q
 """
@@ -10,14 +10,12 @@ import functools
 import gc
 import importlib.util
 import json
-import os
 import re
 import signal
 import threading
 import time
 from decimal import Decimal
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -48,8 +46,11 @@ from diffusion_rl.rewards import (
 from diffusion_rl.rewards import gsm8k as gsm8k_mod
 from diffusion_rl.rewards import math500 as math_mod
 
-# per completion (SPEC §5), generous so that a loaded 2-core machine cannot flake it: the property is that
-# no input makes a reward run away (catastrophic backtracking takes minutes); speed is benchmarks' business
+from .conftest import FIXTURES
+
+# per completion (docs/methods.md §5), generous so that a loaded 2-core machine cannot flake it: the
+# property is that no input makes a reward run away (catastrophic backtracking takes minutes); speed
+# is benchmarks' business
 TIME_BOUND_S = 5.0
 needs_math_verify = pytest.mark.skipif(
     importlib.util.find_spec("math_verify") is None,
@@ -521,25 +522,14 @@ def test_any_gold(text, gold, nums):
     assert math_correctness_reward([""], [text], answer=[gold])[0] in {0.0, 2.0}
 
 
-# ---- every row of the shared benchmark files --------------------------------------------------
-def _data_dir() -> Path:
-    env = os.environ.get("DIFFUSION_RL_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-
-
+# ---- every row of the benchmark files (tests/fixtures) ----------------------------------------------
 def _rows(name: str) -> list[dict]:
-    path = _data_dir() / name
-    if not path.is_file():
-        pytest.skip(
-            f"{path} absent: shared benchmark data only exists on project machines "
-            "(set DIFFUSION_RL_SHARED_DATA to point elsewhere)"
-        )
-    with path.open() as f:
+    with (FIXTURES / name).open() as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
 def test_gsm8k_gold_scores_full_and_perturbed_zero():
-    rows = _rows("gsm8k_test.jsonl")
+    rows = _rows("gsm8k/gsm8k_test.jsonl")
     assert len(rows) == 1319
     for row in rows:
         gold = gsm8k_gold(row["answer"])
@@ -564,7 +554,7 @@ def test_gsm8k_gold_scores_full_and_perturbed_zero():
 
 @needs_math_verify
 def test_math500_gold_scores_full_and_perturbed_zero():
-    rows = _rows("math500_test.jsonl")
+    rows = _rows("math500/math500_test.jsonl")
     assert len(rows) == 500
     integer_rows = 0
     for row in rows:
@@ -585,7 +575,7 @@ def test_math500_gold_scores_full_and_perturbed_zero():
 
 
 def test_countdown_every_row_solvable_and_scored():
-    rows = _rows("countdown_cd3_test.jsonl")
+    rows = _rows("countdown/countdown_cd3_test.jsonl")
     assert len(rows) == 256
     for row in rows:
         numbers = [int(x) for x in row["input"].split(",")]

@@ -1,4 +1,5 @@
-"""The remasking sampler against a slow, literal transcription of SPEC §2, and its block schedule."""
+"""The remasking sampler against a slow, literal transcription of docs/methods.md §2, and its block
+schedule."""
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_sampler_config_errors(kw, key):
         SamplerConfig(**kw).validate()
 
 
-# ---- the fewer-forward options (SPEC §10) ------------------------------------------------------------
+# ---- the fewer-forward options (docs/methods.md §10) ---------------------------------------------
 def _sharp(bundle, scale=8.0):
     """The tiny model with larger weights: confident, well-separated predictions (no argmax ties)."""
     import copy

@@ -1,5 +1,5 @@
-"""The sandbox against hostile programs (SPEC §11): each attack ends with reward 0, the right reason, and
-a healthy trainer (no process of the program left, the next program still runs).
+"""The sandbox against hostile programs (docs/methods.md §11): each attack ends with reward 0, the
+right reason, and a healthy trainer (no process of the program left, the next program still runs).
 
 Limits are tight so the attacks end fast and stay harmless on a 2-core, 24 GB machine: 256 MB of
 address space and 8 tasks per program (a fork bomb can hold at most 2 GB), 8 MB files, 1-2 s of CPU.

@@ -1,8 +1,8 @@
-"""SDAR (models/sdar.py) against an independent transcription of its forward (SPEC §9), on a tiny
-random checkpoint in the released layout: block-causal attention with left padding, the staircase
-estimator's 4D mask with shared positions, the block sampler with and without the cache, and the
-block size read from the checkpoint. With ``DIFFUSION_RL_REMOTE_CODE_DIR`` set, also against the
-released ``modeling_sdar.py``."""
+"""SDAR (models/sdar.py) against an independent transcription of its forward (docs/methods.md §9),
+on a tiny random checkpoint in the released layout: block-causal attention with left padding, the
+staircase estimator's 4D mask with shared positions, the block sampler with and without the cache,
+and the block size read from the checkpoint. With ``DIFFUSION_RL_REMOTE_CODE_DIR`` set, also against
+the released ``modeling_sdar.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Countdown, GSM8K and MATH500 tasks: loaders (shared files, hub calls), the Countdown generator,
 prompt templates, rewards from config, and the reference policy scoring 100% through the eval code.
 
-Tests that read ../shared/data skip when it is absent. Run: pytest tests/test_text_tasks.py -q
+The benchmark files come from tests/fixtures/ (see its README.md). Run: pytest tests/test_text_tasks.py -q
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from diffusion_rl.rewards import safe_eval_arith, solve_countdown
 from diffusion_rl.tasks.countdown import canonical_solution, generate_instances, instance_key
 from diffusion_rl.train import build_task
 
-from .conftest import CONF, SHARED_DATA
+from .conftest import CONF, FIXTURES
 from .helpers import compose_cfg
 
-needs_data = pytest.mark.skipif(
-    not SHARED_DATA.is_dir(),
-    reason=f"shared benchmark files absent at {SHARED_DATA} (project machines only; set DIFFUSION_RL_SHARED_DATA)",
-)
-CD3 = SHARED_DATA / "countdown_cd3_test.jsonl"
-GSM_TEST, GSM_TRAIN = SHARED_DATA / "gsm8k_test.jsonl", SHARED_DATA / "gsm8k_train.jsonl"
-MATH_TEST = SHARED_DATA / "math500_test.jsonl"
+CD3 = FIXTURES / "countdown" / "countdown_cd3_test.jsonl"
+GSM_TEST = FIXTURES / "gsm8k" / "gsm8k_test.jsonl"
+GSM_TRAIN = FIXTURES / "gsm8k" / "gsm8k_train_first500.jsonl"  # the first 500 of the 7473 train rows
+MATH_TEST = FIXTURES / "math500" / "math500_test.jsonl"
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
 
 
@@ -50,13 +47,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 # ---- loaders ------------------------------------------------------------------------------------
-@needs_data
-def test_loaders_read_the_shared_files(tmp_path):
+def test_loaders_read_the_benchmark_files(tmp_path):
     gsm = make_task(tmp_path, "gsm8k", f"task.data_path={GSM_TEST}", f"task.train_data_path={GSM_TRAIN}")
     test, train = gsm.test_items(), gsm.train_items()
     assert len(test) == 1319 and set(test[0]) == {"question", "answer"}
     assert test[0]["question"].startswith("Janet")  # file order kept
-    assert len(train) == 7473 - len({it["question"] for it in test} & {it["question"] for it in train})
+    assert len(train) == 500 - len({it["question"] for it in test} & {it["question"] for it in train})
     assert all(gsm.gold(it).lstrip("-").replace(".", "").isdigit() for it in test)
 
     math = make_task(tmp_path, "math500", f"task.data_path={MATH_TEST}")
@@ -275,7 +271,7 @@ def test_reward_presets_weights_and_strict_string(tmp_path):
 
 
 # ---- the reference policy through the evaluation code -------------------------------------------
-SHARED_CASES = [
+FILE_CASES = [
     ("countdown", CD3, "compact"), ("countdown", CD3, "chat"),
     ("gsm8k", GSM_TEST, "chat"), ("gsm8k", GSM_TEST, "compact"),
     ("math500", MATH_TEST, "chat"), ("math500", MATH_TEST, "compact"),
@@ -289,9 +285,8 @@ def _reference_eval(tmp_path: Path, name: str, *overrides: str) -> tuple[dict, l
     return summary, records
 
 
-@needs_data
-@pytest.mark.parametrize("name,path,style", SHARED_CASES, ids=[f"{n}-{s}" for n, _, s in SHARED_CASES])
-def test_reference_policy_scores_100_percent_on_shared_files(tmp_path, name, path, style):
+@pytest.mark.parametrize("name,path,style", FILE_CASES, ids=[f"{n}-{s}" for n, _, s in FILE_CASES])
+def test_reference_policy_scores_100_percent_on_benchmark_files(tmp_path, name, path, style):
     summary, records = _reference_eval(tmp_path, name, f"task.data_path={path}", f"task.prompt_style={style}",
                                        "task.num_test=100000")
     assert summary["num_items"] == sum(1 for line in open(path) if line.strip())

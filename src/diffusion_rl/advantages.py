@@ -4,7 +4,8 @@ Every estimator sees the rewards of the *whole* batch ``(N,)`` (prompt-major: ro
 share prompt ``g``; gathered from every process under data parallelism) and returns advantages of
 the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``):
 
-- ``group``:     ``A_j = r_j - mean_G(r)``                       (SPEC §4; Dr. GRPO's unscaled form)
+- ``group``:     ``A_j = r_j - mean_G(r)``                       (docs/methods.md §4; Dr. GRPO's
+  unscaled form)
 - ``group_std``: ``A_j = (r_j - mean_G(r)) / (std_G(r) + eps)``  (d1 / TRL's default; the unbiased std)
 - ``loo``:       ``A_j = r_j - mean_{k != j} r_k = G / (G - 1) (r_j - mean_G(r))``   (RLOO)
 - ``zscore``:    ``A_j = (r_j - mean_G(r)) / std_G(r)`` with the *population* std, and ``A = 0`` for a
@@ -17,10 +18,11 @@ the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``
   reward; under the iterative sampler it ignores how a token changes the distribution of the others.
   A position whose tokens all earned the same (a Sudoku given, EOS, a cell every sample got right)
   gets no advantage: anchor what must not drift with the KL term.
-- ``stepwise``:  EGSPO-SA (SPEC §4). With ``V_jk`` the reward of the greedy one-step completion at
-  sample ``j``'s ``k``-th selected step, ``R_jk = (1 + lam) r_j - lam V_jk`` (``/ (1 + lam)`` when
-  ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k`` (``/ (std + eps)`` when
-  ``std_scale``). ``lam = 0`` gives ``group`` / ``group_std`` for every slot.
+- ``stepwise``:  EGSPO-SA (docs/methods.md §4). With ``V_jk`` the reward of the greedy one-step
+  completion at sample ``j``'s ``k``-th selected step, ``R_jk = (1 + lam) r_j - lam V_jk``
+  (``/ (1 + lam)`` when ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k``
+  (``/ (std + eps)`` when ``std_scale``). ``lam = 0`` gives ``group`` / ``group_std`` for every
+  slot.
 
 An estimator with ``needs_values = True`` asks the rollout for the values ``V`` (the sampler then
 records greedy completions and the rollout scores them in the same pass as the final completions).

@@ -13,8 +13,8 @@ parsers; ``d1`` scores exactly as d1's ``eval/parse_and_get_acc.py`` did for the
 (``rewards/d1_eval.py``: GSM8K, MATH500, Countdown, Sudoku; quirks included, Sudoku's cell accuracy
 pooled over cells). ``mode=score generations=`` also reads d1's released generation files (a file or
 a folder of ``{task}_{model}_{length}_{steps}_{shard}_generations.json``), so
-``python src/eval.py mode=score task=gsm8k eval.protocol=d1 generations=../shared/data/d1_llada_eval``
-gives the papers' LLaDA row; without ``eval.protocol=d1`` the same files get our protocol.
+``python src/eval.py mode=score task=gsm8k eval.protocol=d1 generations=<d1_llada_eval folder>``
+gives the papers' LLaDA row (tests/fixtures/d1_llada_eval/ packs those files); without ``eval.protocol=d1`` the same files get our protocol.
 
 Policies (``policy=``): ``checkpoint`` (the default: the model of ``ckpt_path=<run folder | .ckpt |
 last>``, rebuilt from the run config the checkpoint carries, ``training/restore.py``; loaded with

@@ -1,8 +1,9 @@
 """Offline report of one run or a multirun: PNG plots and a markdown table, no W&B needed.
 
 ``python src/report.py <run folder | multirun folder> [--out DIR]`` reads every run folder below the
-given one (a folder with ``.hydra/``), each run's ``metrics.csv`` (one row per optimizer step, SPEC §6
-names), ``summary.json`` and ``.hydra/overrides.yaml``, and writes into ``<folder>/report/``:
+given one (a folder with ``.hydra/``), each run's ``metrics.csv`` (one row per optimizer step,
+docs/methods.md §6 names), ``summary.json`` and ``.hydra/overrides.yaml``, and writes into
+``<folder>/report/``:
 
 - ``heldout.png``: held-out accuracy: the validation split during RL (before RL at step 0, every
   ``eval.every_n_steps``, after RL); a single run shows each of its task's metrics;

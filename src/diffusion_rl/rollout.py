@@ -4,20 +4,21 @@ One call of :class:`RolloutEngine` does, for a batch of task items:
 
 1. expand each item to ``G`` rows, encode the prompts, keep this process's share of the rows
    (``distributed.py``);
-2. sample completions with the behaviour policy (the sampler of SPEC §2 with the options of §10, or
-   the block sampler for a block model), ``sampler.rollout_batch_size`` rows per call, each call's
-   Gumbel noise from a generator keyed by ``(seed, rollout id, first global row)``; the trajectory is
-   recorded when the objective trains on denoising steps. The sampler's own log-probability of every
-   committed token rides on the rollout (``Rollout.sampler_logp``: behaviour correction and
-   ``rollout/mismatch_log_ratio``, ``objectives/behaviour.py``);
+2. sample completions with the behaviour policy (the sampler of docs/methods.md §2 with the options
+   of §10, or the block sampler for a block model), ``sampler.rollout_batch_size`` rows per call,
+   each call's Gumbel noise from a generator keyed by ``(seed, rollout id, first global row)``; the
+   trajectory is recorded when the objective trains on denoising steps. The sampler's own
+   log-probability of every committed token rides on the rollout (``Rollout.sampler_logp``:
+   behaviour correction and ``rollout/mismatch_log_ratio``, ``objectives/behaviour.py``);
 3. select the steps the objective trains on (EGSPO) and, when the advantage estimator needs values,
    rebuild the greedy one-step completions at those steps (EGSPO-SA);
 4. decode every completion once and score all of them in **one** pass of the task's reward functions;
 5. gather the rewards of all processes and compute the advantages once, with the configured
    estimator (``advantages.py``), keeping this process's rows.
 
-The rollout's metrics (``train/reward``, ``train/entropy``, ``time/rollout_s``, ... SPEC §6) ride on
-the returned object and are logged with its first inner update, with the sampler's cost:
+The rollout's metrics (``train/reward``, ``train/entropy``, ``time/rollout_s``, ...
+docs/methods.md §6) ride on the returned object and are logged with its first inner update, with the
+sampler's cost:
 
 - ``rollout/forwards_per_sample``: model calls each sample went through (classifier-free guidance
   counts two); ``rollout/steps_per_sample``: denoising steps taken (no longer fixed with

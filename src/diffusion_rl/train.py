@@ -86,8 +86,8 @@ class EvalConfig:
     every_n_steps: int = 50
     batch_size: int = 256
     # evaluate with the rollout sampler as it is (its remasking order and fewer-forward options: decode,
-    # cache, stop_after_eos); false: the exact low-confidence sampler of SPEC §2, so runs with different
-    # rollout samplers share one protocol
+    # cache, stop_after_eos); false: the exact low-confidence sampler of docs/methods.md §2, so runs
+    # with different rollout samplers share one protocol
     fast_sampler: bool = False
 
     def validate(self) -> None:

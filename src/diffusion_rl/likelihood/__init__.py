@@ -1,4 +1,5 @@
-"""Likelihood estimators: how ``log pi(x | q)`` of a diffusion LM is approximated (SPEC §3).
+"""Likelihood estimators: how ``log pi(x | q)`` of a diffusion LM is approximated
+(docs/methods.md §3).
 
 One file per estimator, registered by name and found by :func:`discover`.
 """

@@ -1,4 +1,5 @@
-"""Monte Carlo ELBO of a masked diffusion LM (StableDRL, SPG, LLaDA; SPEC §3), one batched forward.
+"""Monte Carlo ELBO of a masked diffusion LM (StableDRL, SPG, LLaDA; docs/methods.md §3), one
+batched forward.
 
 For ``k = 1..K``: draw ``t_k ~ U(t_min, t_max)``, mask each scored completion token with probability
 ``t_k`` (at least one), and score the masked tokens::

@@ -1,4 +1,5 @@
-"""Staircase ELBO of a block diffusion model (StableDRL; SPEC §3): every block's term in one forward.
+"""Staircase ELBO of a block diffusion model (StableDRL; docs/methods.md §3): every block's term in
+one forward.
 
 A block model (SDAR) generates block ``b`` from the clean blocks ``< b``, so its ELBO is a sum of
 per-block masked-diffusion ELBOs, each against the clean prefix::

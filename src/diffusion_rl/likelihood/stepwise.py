@@ -1,4 +1,5 @@
-"""The stepwise likelihood of EGSPO (SPEC §3): ``log pi(step s)`` from the state before step ``s``.
+"""The stepwise likelihood of EGSPO (docs/methods.md §3): ``log pi(step s)`` from the state before
+step ``s``.
 
     log pi(step s) = sum_{i in U_s} log softmax(f(x_s))_i[x_i]      (reduce="mean": divided by |U_s|)
 

@@ -1,6 +1,7 @@
 """Dream (Dream-v0-Base / -Instruct-7B, DiffuCoder): our implementation, loading the released weights.
 
-Facts (SPEC §9, checked against the released ``modeling_dream.py``, ``generation_utils.py``,
+Facts (docs/methods.md §9, checked against the released ``modeling_dream.py``,
+``generation_utils.py``,
 ``tokenization_dream.py`` and ``config.json``): ``model_type: Dream``; Qwen2.5 under Qwen2's key names
 (``model.embed_tokens``, ``model.layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj,
 post_attention_layernorm, mlp.{gate,up,down}_proj}``, ``model.norm``, ``lm_head``); biases on q/k/v

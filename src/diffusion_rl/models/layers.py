@@ -1,7 +1,8 @@
 """Pieces the native LLaDA, Dream and SDAR models share: rotary positions, attention over a
 key/value cache, the masks and positions of one forward, and the Qwen-style decoder layer.
 
-Written once here, used by ``llada.py``, ``dream.py`` and ``sdar.py`` (SPEC §9 lists the facts):
+Written once here, used by ``llada.py``, ``dream.py`` and ``sdar.py`` (docs/methods.md §9 lists the
+facts):
 
 - RoPE is the rotate-half variant with ``inv_freq = 1 / theta ** (2i / head_dim)``; the angles are
   computed in fp32 from explicit position ids (so left padding, block models and caches all go

@@ -1,6 +1,7 @@
 """LLaDA (LLaDA-8B-Base / -Instruct, LLaDA-1.5): our implementation, loading the released weights.
 
-Facts (SPEC §9, checked against the released ``modeling_llada.py`` / ``configuration_llada.py`` and
+Facts (docs/methods.md §9, checked against the released ``modeling_llada.py`` /
+``configuration_llada.py`` and
 ``config.json``): ``model_type: llada``; a bidirectional Llama-style encoder under OLMo-style names
 ``model.transformer.{wte, blocks.{i}.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm, ff_proj,
 up_proj, ff_out}, ln_f, ff_out}``; no biases; RMSNorm (eps ``rms_norm_eps``, normalised in fp32, cast

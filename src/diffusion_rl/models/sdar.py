@@ -1,6 +1,7 @@
 """SDAR (SDAR-1.7B / 4B / 8B-Chat, TraDo): our implementation, loading the released weights.
 
-Facts (SPEC §9, checked against the released ``modeling_sdar.py`` / ``configuration_sdar.py`` and
+Facts (docs/methods.md §9, checked against the released ``modeling_sdar.py`` /
+``configuration_sdar.py`` and
 ``generate.py``): ``model_type: sdar``; Qwen3 under Qwen3's key names (as Dream's plus per-head
 ``self_attn.q_norm`` / ``k_norm``, RMSNorm over ``head_dim`` before RoPE); ``head_dim`` from the
 config; no biases (``attention_bias: false``); RMSNorm eps 1e-6; RoPE theta 1e6; no logit shift; the
@@ -11,7 +12,7 @@ blocks, blocks counted from the first input position (the released sampler passe
 over ``[prompt ; generation]`` and caches the keys/values of finished blocks). ``block_size`` and
 ``mask_token_id`` are read from the checkpoint's ``config.json`` (the training code reads both from
 there); ``model.block_size`` may only restate it. Training inputs ``[noisy ; clean]`` with shared
-positions come as a boolean 4D mask from our staircase estimator (SPEC §3).
+positions come as a boolean 4D mask from our staircase estimator (docs/methods.md §3).
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ class TinyConfig:
     max_len: int = 512
     block_size: int = 0  # 0: full bidirectional attention; >0: block-causal
     rope_base: float = 10000.0
-    init_std: float = 0.02  # small embeddings: at unit scale the model sits at chance (SPEC §8)
+    # small embeddings: at unit scale the model sits at chance (docs/methods.md §8)
+    init_std: float = 0.02
     learned_positions: bool = False  # add learned absolute position embeddings to rotary ones
 
 

@@ -66,7 +66,7 @@ class ObjectiveConfig:
     # objectives whose estimator draws random masks (one_step with prompt masking, elbo, staircase):
     # true scores the old and the new policy on the same masks, so the log-ratio is exactly 0 at
     # theta = theta_old; false draws fresh masks for the new policy, the StableDRL code's regime of
-    # largest ratio noise (SPEC §3)
+    # largest ratio noise (docs/methods.md §3)
     share_masks_with_old: bool = True
     # rollouts from an approximate sampler (sampler.cache, ...): none | tis (truncated importance
     # weights min(pi_old / q_sampler, tis_cap) per unit of the ratio; objectives/behaviour.py)

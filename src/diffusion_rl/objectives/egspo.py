@@ -1,4 +1,4 @@
-"""EGSPO: policy gradient over a few entropy-selected denoising steps (SPEC §4).
+"""EGSPO: policy gradient over a few entropy-selected denoising steps (docs/methods.md §4).
 
 Denoising is an MDP (state: the partially masked sequence; action: the tokens committed at a step;
 reward only at the end). Per sample, ``K`` of the ``T`` recorded steps are trained (``select``:
@@ -29,7 +29,7 @@ decoding rule, cache or early stop. Candidate steps are those that committed a t
 rollout took fewer than ``K`` of them the rest of the slots are unused.
 
 Source: the EGSPO paper (entropy-guided step selection; EGSPO-SA's greedy-completion values) and its
-public code, as summarised in SPEC §4. Deviations: a sample with fewer
+public code, as summarised in docs/methods.md §4. Deviations: a sample with fewer
 than ``K`` candidate steps (``stop_at_last_content``) masks its unused slots out (EGSPO-SA gives them
 ``V = r(x_0)`` so the group means stay over ``G`` samples); ``stop_at_last_content`` takes the
 last step that committed a token before the first EOS (the step that placed the first EOS when the

@@ -1,4 +1,4 @@
-"""EGSPO-SA: EGSPO with stepwise advantages from one-step greedy completions (SPEC §4).
+"""EGSPO-SA: EGSPO with stepwise advantages from one-step greedy completions (docs/methods.md §4).
 
 The objective is EGSPO's (``objectives/egspo.py``: the clipped surrogate on the ``K`` selected steps);
 what differs is the advantage of each step, ``advantage=stepwise`` (``advantages.py``): with
@@ -9,7 +9,8 @@ forward; the rollout scores the ``N K`` greedy completions with the final ones, 
 exactly. Selecting ``objective=egspo_sa`` selects ``advantage=stepwise`` (``conf/objective/egspo_sa.yaml``);
 any other estimator is refused at start-up.
 
-Source: the EGSPO paper's stepwise-advantage variant and its public code, as summarised in SPEC §4.
+Source: the EGSPO paper's stepwise-advantage variant and its public code, as summarised in
+docs/methods.md §4.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""GRPO with conditional clipping and fixed group normalisation (d1's diffu-GRPO; SPEC §4).
+"""GRPO with conditional clipping and fixed group normalisation (d1's diffu-GRPO;
+docs/methods.md §4).
 
     rho = exp(logp_theta - logp_old)        per token (one-step estimator) or per sequence (ELBO)
     loss_unit = -min(rho * A, clip(rho, 1 - eps, 1 + eps_high) * A)

@@ -1,4 +1,5 @@
-"""StableDRL: unconditional clipping plus per-group self-normalisation of ELBO ratios (SPEC §4).
+"""StableDRL: unconditional clipping plus per-group self-normalisation of ELBO ratios
+(docs/methods.md §4).
 
 Per sequence ``j`` of a prompt's group of ``G``::
 

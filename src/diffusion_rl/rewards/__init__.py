@@ -1,4 +1,4 @@
-"""Reward functions for the benchmarks (SPEC §5), as plain TRL-style callables.
+"""Reward functions for the benchmarks (docs/methods.md §5), as plain TRL-style callables.
 
 Every function has the signature ``fn(prompts, completions, **fields) -> list[float]`` (one float per
 completion; ``fields`` are per-item columns, extra ones are ignored), never raises on any completion

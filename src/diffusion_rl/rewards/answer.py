@@ -10,7 +10,7 @@ _OPEN, _CLOSE = "<answer>", "</answer>"
 
 
 def extract_answer(text: str) -> str:
-    """The content of the last ``<answer>`` block, else the whole text (SPEC §5).
+    """The content of the last ``<answer>`` block, else the whole text (docs/methods.md §5).
 
     Bounded by work, not by position: one ``rfind`` over the whole text and one ``find`` from the
     tag (both linear, in C), so an answer is found wherever it is; what the caller does with a huge

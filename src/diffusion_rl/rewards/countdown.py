@@ -1,4 +1,4 @@
-"""Countdown reward (SPEC §5): combine the given numbers with + - * / into the target.
+"""Countdown reward (docs/methods.md §5): combine the given numbers with + - * / into the target.
 
 The answer is an arithmetic expression, read where the prompt asks for it (``rewards/prompted.py``;
 d1's evaluation prompt asks for ``<answer>\\n\\boxed{...}\\n</answer>``, its training prompt for a bare

@@ -1,4 +1,4 @@
-"""GSM8K rewards (SPEC §5): numeric correctness plus d1's format terms.
+"""GSM8K rewards (docs/methods.md §5): numeric correctness plus d1's format terms.
 
 * ``gsm8k_correctness_reward``: 2.0 when the prediction equals the gold number. The prediction is
   read where the prompt asks for it (``rewards/prompted.py``): in the last ``<answer>`` block its

@@ -1,4 +1,5 @@
-"""MATH500 rewards (SPEC §5): math-verify equivalence on the last ``\\boxed{}``, plus a format term.
+"""MATH500 rewards (docs/methods.md §5): math-verify equivalence on the last ``\\boxed{}``, plus a
+format term.
 
 * ``math_correctness_reward``: 2.0 when the prediction is equivalent to the gold ``answer``.
   The prediction is read where the prompt asks for it (``rewards/prompted.py``): the last

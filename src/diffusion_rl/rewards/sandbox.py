@@ -1,4 +1,4 @@
-"""Run model-written programs against their tests, safely and in parallel (SPEC §11).
+"""Run model-written programs against their tests, safely and in parallel (docs/methods.md §11).
 
 Every program runs in its own process group, forked from a clean environment by a small trusted fork
 server (``python -I -S sandbox_init.py --zygote``: namespaces, read-only file system, a fresh

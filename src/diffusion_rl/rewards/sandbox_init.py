@@ -6,8 +6,8 @@ an empty environment): for each program it forks a launcher that leads a new ses
 without ``--zygote`` it runs one job from stdin.) Nothing here is imported by the project; it uses
 only the standard library and ``ctypes`` (Python 3.11 has no ``os.unshare``).
 
-Isolation (``isolation: auto | strict | none``; SPEC §11), when the kernel lets us (we are root, or
-unprivileged user namespaces are on):
+Isolation (``isolation: auto | strict | none``; docs/methods.md §11), when the kernel lets us (we
+are root, or unprivileged user namespaces are on):
 
 1. ``unshare`` mount, network, PID, IPC and UTS namespaces (plus a user namespace when not root,
    mapping only our own uid): the new network namespace has no interface up, so nothing is

@@ -1,4 +1,5 @@
-"""4x4 Sudoku reward and metrics (SPEC §5): a plain TRL-style reward function and the evaluation metrics.
+"""4x4 Sudoku reward and metrics (docs/methods.md §5): a plain TRL-style reward function and the
+evaluation metrics.
 
 Grids are 16-character row-major strings of digits 1-4; a puzzle uses ``0`` for an empty cell. The
 answer is the ASCII digits of the last ``<answer>`` block (else the whole completion), truncated or

@@ -1,4 +1,5 @@
-"""Block diffusion sampling (SDAR; SPEC §2) with an exact key/value cache for finished blocks.
+"""Block diffusion sampling (SDAR; docs/methods.md §2) with an exact key/value cache for finished
+blocks.
 
 The completion is cut into the *model's* blocks (``block_size`` tokens; ``sampler.block_length`` is
 the masked-diffusion sampler's notion and is not used here) and filled left to right. Inside the

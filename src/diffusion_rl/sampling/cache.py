@@ -1,7 +1,8 @@
 """Where a denoising step's logits come from: a full forward, or a prefix / dual key-value cache
-(Fast-dLLM; SPEC §10). Used by :func:`~diffusion_rl.sampling.sampler.generate`.
+(Fast-dLLM; docs/methods.md §10). Used by :func:`~diffusion_rl.sampling.sampler.generate`.
 
-- ``cache=none``: one forward over the whole sequence every step (the exact sampler of SPEC §2).
+- ``cache=none``: one forward over the whole sequence every step (the exact sampler of
+  docs/methods.md §2).
 - ``cache=prefix``: at a block's first step, one full forward (it serves as that step) whose keys
   and values of everything *before* the block are kept; the block's later steps run the block and
   the masked suffix after it against them.

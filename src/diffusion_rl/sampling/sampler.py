@@ -1,5 +1,5 @@
-"""The low-confidence remasking sampler of LLaDA (SPEC §2), batched over prompts x group size, and
-the fewer-forward options of Fast-dLLM beside it (SPEC §10).
+"""The low-confidence remasking sampler of LLaDA (docs/methods.md §2), batched over prompts x group
+size, and the fewer-forward options of Fast-dLLM beside it (docs/methods.md §10).
 
 Start from ``[prompt, MASK * gen_length]``; the completion is cut into blocks of ``block_length``
 filled left to right, each with ``steps / num_blocks`` denoising steps. At each step one forward pass
@@ -62,7 +62,8 @@ class SamplerConfig:
     # models; each call draws its noise from a generator keyed by its first global row, so runs on
     # 1 and on W processes match when both use the same value (e.g. rows per process)
     rollout_batch_size: int = 0
-    # Fewer forward passes (SPEC §10, Fast-dLLM); the defaults are the exact sampler of SPEC §2.
+    # Fewer forward passes (docs/methods.md §10, Fast-dLLM); the defaults are the exact sampler of
+    # docs/methods.md §2.
     decode: str = "fixed"  # fixed (steps / num_blocks per block) | threshold | factor
     threshold: float = 0.9  # decode=threshold: the paper's evaluation value
     factor: float = 1.0  # decode=factor: commit the n most confident while c_n >= 1 - factor / (n + 1)
@@ -123,11 +124,12 @@ class SamplerConfig:
 
     @property
     def exact(self) -> bool:
-        """Whether this is the exact sampler of SPEC §2 (no fewer-forward option on)."""
+        """Whether this is the exact sampler of docs/methods.md §2 (no fewer-forward option on)."""
         return self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
 
     def as_exact(self) -> SamplerConfig:
-        """This config with every fewer-forward option off: the exact sampler of SPEC §2."""
+        """This config with every fewer-forward option off: the exact sampler of
+        docs/methods.md §2."""
         return replace(self, decode="fixed", cache="none", stop_after_eos=False)
 
 
@@ -242,7 +244,8 @@ def top_k_per_row(confidence: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def parallel_count(conf: torch.Tensor, allowed: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """How many candidates ``decode=threshold|factor`` commits (SPEC §10): (B, T) -> (B,) long.
+    """How many candidates ``decode=threshold|factor`` commits (docs/methods.md §10): (B, T) -> (B,)
+    long.
 
     threshold: those with probability above ``cfg.threshold``; factor: the first ``n`` of the sorted
     confidences while ``c_n >= 1 - factor / (n + 1)``. Always at least one where any is allowed.
@@ -258,7 +261,7 @@ def parallel_count(conf: torch.Tensor, allowed: torch.Tensor, cfg: SamplerConfig
 
 def denoise_step(logits: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor | None, cfg: SamplerConfig,
                  generator: torch.Generator | None, gumbel_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """One low-confidence remasking step (SPEC §2) over a region of ``T`` positions.
+    """One low-confidence remasking step (docs/methods.md §2) over a region of ``T`` positions.
 
     logits (B, T, V); ``allowed`` (B, T) the masked positions that may be committed now (in the
     current block); ``k`` (B,) how many to commit, or None to let ``cfg.decode`` (threshold, factor)

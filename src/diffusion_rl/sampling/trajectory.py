@@ -1,7 +1,8 @@
 """``TrajectoryRecorder``: what EGSPO needs from every denoising step, recorded at no extra forward.
 
 Plugged into :func:`~diffusion_rl.sampling.generate` as its ``recorder``; ``on_step`` reads the
-logits of the forward pass the sampler already makes (SPEC §2). Per rollout sample it keeps:
+logits of the forward pass the sampler already makes (docs/methods.md §2). Per rollout sample it
+keeps:
 
 - ``commit_step`` (B, P+L) int16: the step at which each position was committed; ``-1`` for positions
   never masked (the prompt), ``NEVER`` for positions still masked at the end, ``FILLED`` for

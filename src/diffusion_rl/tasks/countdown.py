@@ -1,4 +1,5 @@
-"""Countdown with 3 numbers: combine the numbers with ``+ - * /`` into the target (SPEC §5).
+"""Countdown with 3 numbers: combine the numbers with ``+ - * /`` into the target
+(docs/methods.md §5).
 
 Items are ``{"numbers": [30, 100, 93], "target": 23}`` (generated ones also carry ``"solution"``).
 

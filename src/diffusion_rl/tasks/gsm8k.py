@@ -1,4 +1,4 @@
-"""GSM8K: grade-school word problems with a numeric answer (SPEC §5).
+"""GSM8K: grade-school word problems with a numeric answer (docs/methods.md §5).
 
 Items are rows of ``openai/gsm8k`` (config ``main``): ``{"question", "answer"}`` where ``answer`` is
 the worked solution ending ``#### <number>``. Data: the hub's ``train`` / ``test`` splits, or local

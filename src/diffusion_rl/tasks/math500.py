@@ -1,4 +1,5 @@
-"""MATH500: competition problems with LaTeX answers, checked by ``math-verify`` (SPEC §5).
+"""MATH500: competition problems with LaTeX answers, checked by ``math-verify``
+(docs/methods.md §5).
 
 Test items are rows of ``HuggingFaceH4/MATH-500`` (``problem``, ``solution``, ``answer``, ``subject``,
 ``level``, ``unique_id``), or a local JSONL of the same schema (``task.data_path``). MATH-500 is a

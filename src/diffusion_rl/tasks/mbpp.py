@@ -1,7 +1,7 @@
 """MBPP: 974 short Python problems, each with a text, a reference solution and three ``assert`` tests.
 
 Data: the original MBPP release, a JSONL of ``task_id``, ``text``, ``code``, ``test_list``,
-``test_setup_code``, ``challenge_test_list`` (``task.data_path``, e.g. ``../shared/data/mbpp.jsonl``,
+``test_setup_code``, ``challenge_test_list`` (``task.data_path``, e.g. ``tests/fixtures/mbpp/mbpp.jsonl``,
 holding all problems or any subset), or the hub's ``google-research-datasets/mbpp`` (config
 ``full``) by name. The usual split by ``task_id`` (the MBPP paper's): prompt 1-10 (few-shot
 examples), test 11-510, validation 511-600, train 601-974. Evaluation uses ``task.eval_split``

@@ -1,4 +1,5 @@
-"""``DiagnosticsCallback``: turns the module's per-update rows into the logged diagnostics (SPEC §6).
+"""``DiagnosticsCallback``: turns the module's per-update rows into the logged diagnostics
+(docs/methods.md §6).
 
 The module computes what only it can (loss, the objective's metric dict, the pre-clip gradient norm,
 rollout statistics and timings) and leaves one row per optimizer step in ``pending_rows``. After each

@@ -1,4 +1,5 @@
-"""Diagnostics math (SPEC §6): the gradient-spike tracker and the set of metrics every run logs.
+"""Diagnostics math (docs/methods.md §6): the gradient-spike tracker and the set of metrics every
+run logs.
 
 A spike is a pre-clip gradient norm above ``spike_factor`` x the median of the last ``window`` norms
 (only once the window holds ``min_history`` values). The tracker's state is plain data so
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 
 from diffusion_rl.errors import ConfigError
 
-# SPEC §6. train/kl exists only with a reference model (objective.beta > 0); weights/* only for
-# objectives with self-normalised weights (StableDRL).
+# docs/methods.md §6. train/kl exists only with a reference model (objective.beta > 0); weights/*
+# only for objectives with self-normalised weights (StableDRL).
 SPEC_METRICS = (
     "train/reward", "train/reward_std", "train/frac_zero_std_groups", "train/completion_len",
     "train/entropy", "train/loss", "train/lr",

@@ -21,9 +21,9 @@ advantages, and the objective's loss and metrics are computed on the gathered ro
 metrics is already global.
 
 The math lives elsewhere (sampler, likelihood estimators, objectives, rewards); this file only
-orchestrates. Every optimizer step leaves one row of metrics (SPEC §6 names) in ``pending_rows``;
-``training/callbacks.py``'s ``DiagnosticsCallback`` adds the gradient-spike metrics, reduces rows
-across processes and writes them to the loggers after each batch.
+orchestrates. Every optimizer step leaves one row of metrics (docs/methods.md §6 names) in
+``pending_rows``; ``training/callbacks.py``'s ``DiagnosticsCallback`` adds the gradient-spike
+metrics, reduces rows across processes and writes them to the loggers after each batch.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 RL needs a policy that is right some of the time. The embedded model is trained on (prompt, gold
 completion) pairs with the masked-diffusion objective (LLaDA's SFT loss) for a fixed number of steps,
 deliberately not to convergence: accuracy jumps from chance to near perfect within a few dozen steps
-on Sudoku (SPEC §8), so the cut is by step count, not time. The checkpoint is cached under the cache
-folder keyed by every config value that shapes it, so a second run reuses it.
+on Sudoku (docs/methods.md §8), so the cut is by step count, not time. The checkpoint is cached
+under the cache folder keyed by every config value that shapes it, so a second run reuses it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class WarmStartConfig:
     enabled: bool = True
-    steps: int = 140  # deliberately short of convergence: Sudoku reaches ~78% cells (SPEC §8)
+    # deliberately short of convergence: Sudoku reaches ~78% cells (docs/methods.md §8)
+    steps: int = 140
     batch_size: int = 128
     lr: float = 2e-3
     seed: int = 0  # conf/config.yaml ties it to the run seed
