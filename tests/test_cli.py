@@ -1,4 +1,4 @@
-"""Every user error is one line and exit status 2 (diffusion_rl/cli.py): the README's bad-input table,
+"""Every user error is one line and exit status 2 (diffusion_rl/cli.py): docs/cli_errors.md's table,
 run through the real entry points, and the routing of library logging into the run's log file.
 
 The table's commands run in one subprocess (``tests/cli_driver.py``: each command is
@@ -27,9 +27,9 @@ ONE_LINE = re.compile(r"^(config|report) error: (?P<key>[\w.\[\]]+)=.+ is invali
 
 
 def bad_input_table() -> list[tuple[list[str], int, str]]:
-    """``(argv, exit status, message)`` of each row of the README's "Bad input" table."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Bad input", 1)[1].split("\n## ", 1)[0]
+    """``(argv, exit status, message)`` of each row of the "Bad input" table in docs/cli_errors.md."""
+    text = (ROOT / "docs" / "cli_errors.md").read_text()
+    section = text.split("## Bad input", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         if not line.startswith("| `python "):
@@ -43,13 +43,13 @@ def bad_input_table() -> list[tuple[list[str], int, str]]:
 
 
 def message_pattern(message: str) -> re.Pattern:
-    """The README's message with ``...`` matching anything."""
+    """The table's message with ``...`` matching anything."""
     return re.compile(".*".join(re.escape(part) for part in message.split("...")))
 
 
 @pytest.fixture
 def workdir(tmp_path, tiny_run):
-    """The folder the README's table assumes: bad.csv, notes.txt and a finished tiny run."""
+    """The folder the table assumes: bad.csv, notes.txt and a finished tiny run."""
     (tmp_path / "bad.csv").write_text("Puzzle,Solution\n3102200002100320,3142243142131324\n"
                                       "31022000021003,3142243142131324\n")
     (tmp_path / "notes.txt").write_text("my notes\n")

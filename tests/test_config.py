@@ -31,4 +31,4 @@ def test_bad_values_raise_config_error_naming_key(tmp_path, override, key):
     assert "\n" not in msg
 
 
-# the command-line path (src/train.py ... -> exit 2, one line) is tests/test_cli.py's README table
+# the command-line path (src/train.py ... -> exit 2, one line) is tests/test_cli.py's table (docs/cli_errors.md)

@@ -1,5 +1,5 @@
 """``eval.protocol=d1`` (rewards/d1_eval.py): one hand case per quirk of d1's parsers, one per
-deliberate difference of our protocol (the README's table), and d1's released LLaDA generations
+deliberate difference of our protocol (the table in docs/scoring.md), and d1's released LLaDA generations
 re-scored to the papers' row, item for item.
 
 Run: pytest tests/test_d1_eval.py -q
@@ -129,7 +129,7 @@ def test_sudoku_cells_are_pooled_over_puzzles():
     assert shifted[0] == "[" + GRID[:15] and shifted[1] < 8
 
 
-# ---- our protocol's deliberate differences (the README's table) ----------------------------------
+# ---- our protocol's deliberate differences (the table in docs/scoring.md) ------------------------
 DIFFERENCES = [
     # task, completion (after the "<reasoning>" prefill), item, d1 right, ours right
     ("gsm8k", "<answer>\n\\boxed{-3}\n</answer>", {"question": "q", "answer": "#### -3"}, False, True),

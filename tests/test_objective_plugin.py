@@ -15,7 +15,7 @@ from .helpers import compose_cfg
 def readme_example() -> tuple[str, str]:
     """The python and yaml blocks of the README's "Adding an objective" section."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Adding an objective"):]
+    section = text[text.index("## Adding an objective"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     yaml = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     return code, yaml

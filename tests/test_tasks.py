@@ -1,5 +1,5 @@
 """Every metric a task reports is defined in one line, in the code (printed with the results) and in
-the README's "Metrics" table, word for word (tasks/base.py ``metric_definitions``)."""
+the "Metrics" table of docs/tasks.md, word for word (tasks/base.py ``metric_definitions``)."""
 
 import re
 
@@ -20,8 +20,8 @@ DATA = {  # a test file for the tasks that would otherwise read the hub
 
 
 def readme_metrics() -> dict[tuple[str, str], str]:
-    """``{(metric, task): definition}`` of the README's Metrics table (task ``all``: every task)."""
-    section = (ROOT / "README.md").read_text().split("### Metrics", 1)[1].split("\n#", 1)[0]
+    """``{(metric, task): definition}`` of docs/tasks.md's Metrics table (task ``all``: every task)."""
+    section = (ROOT / "docs" / "tasks.md").read_text().split("## Metrics", 1)[1].split("\n#", 1)[0]
     rows = {}
     for line in section.splitlines():
         m = re.match(r"\| `([\w@/]+)` \| (\w+) \| (.+) \|$", line.strip())
