@@ -6,7 +6,7 @@ memory. Random weights: speed and memory do not depend on them.
     python benchmarks/gpu_check.py                          # a GPU, bf16: a few minutes on an H100-class card
     python benchmarks/gpu_check.py --peak-tflops 989        # a GPU this script does not know
     python benchmarks/gpu_check.py --tiny --device cpu      # the same code path on tiny fp32 models, short sequences
-    python benchmarks/gpu_check.py --memory-table           # the README's weight-memory table (no run)
+    python benchmarks/gpu_check.py --memory-table           # the weight-memory table of docs/real_models.md (no run)
 
 What is measured, per architecture:
 - **sampler**: ``--batch`` prompts of ``--prompt-len`` random tokens, ``--gen-length`` tokens in
@@ -107,7 +107,7 @@ def params(cls, config) -> tuple[int, int]:
 def memory_table() -> None:
     """Weights and training state from parameter counts (no run): bf16 weights; LoRA adapters in fp32
     (peft's default) with fp32 gradients and AdamW moments (16 B / adapter parameter); full fine-tuning
-    with fp32 weights, gradients and AdamW moments (16 B / parameter, the README's FSDP recipe).
+    with fp32 weights, gradients and AdamW moments (16 B / parameter, the FSDP recipe of docs/real_models.md).
     Activations come on top; the largest is the fp32 logits and their gradient, 8 B x vocabulary per
     scored token."""
     gib = 2**30
@@ -259,7 +259,7 @@ def main() -> None:
     ap.add_argument("--gen-length", type=int, default=None, help="default 256 (--tiny: 32)")
     ap.add_argument("--steps", type=int, default=None, help="sampler steps; default gen-length / 2")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (else looked up)")
-    ap.add_argument("--memory-table", action="store_true", help="print the README memory table and exit")
+    ap.add_argument("--memory-table", action="store_true", help="print the weight-memory table of docs/real_models.md and exit")
     ap.add_argument("--train", action="store_true", help="also two 2-step src/train.py jobs (trainer=gpu, trainer=fsdp)")
     args = ap.parse_args()
     if args.memory_table:

@@ -1,5 +1,5 @@
 """Peak memory of the RL step's phases, measured on the CPU at scaled sizes, and the per-GPU peak it
-predicts for the README's LLaDA-8B recipes.
+predicts for the LLaDA-8B recipes of docs/real_models.md.
 
     python benchmarks/memory.py                       # targets, the scaled grid, the fit, the recipes
     python benchmarks/memory.py --baseline 1e4862f    # also one StableDRL step of that revision vs this tree
@@ -23,7 +23,7 @@ What it prints:
 2. each phase (rollout call, old values, update) measured over a grid of rows, lengths, vocabularies,
    K and model sizes, and a non-negative least-squares fit of its peak on the terms the code allocates
    (per-layer activations, MLP activations, the head's logits chunk, attention scores);
-3. the fit's prediction at LLaDA-8B for each README recipe, plus the weights, gradients and optimizer
+3. the fit's prediction at LLaDA-8B for each recipe of docs/real_models.md, plus the weights, gradients and optimizer
    state computed from parameter counts, per GPU: **predicted, not measured** (no GPU ran it).
 
 CPU runs are fp32; on the GPU the network's activations are bf16 (half) while the head's log-softmax

@@ -57,7 +57,7 @@ class TrainerConfig:
     max_steps: int = 200  # optimizer steps (conf/trainer/default.yaml)
     accelerator: str = "auto"
     devices: Any = 1  # per node
-    num_nodes: int = 1  # torchrun --nnodes / SLURM --nodes (README, "Several nodes")
+    num_nodes: int = 1  # torchrun --nnodes / SLURM --nodes (docs/real_models.md, "Several nodes")
     strategy: str = "auto"
     strategy_kwargs: dict[str, Any] = field(default_factory=dict)  # training/strategy.py (ddp, fsdp)
     precision: str = "32-true"

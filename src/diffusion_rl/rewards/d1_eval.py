@@ -5,7 +5,7 @@ lets a number computed here stand beside a published one. Each task's scorer tak
 completion (the text after d1's ``<reasoning>`` prefill, special tokens and all) and our item, and
 returns ``(answer, points, out_of)``; the metric is ``sum(points) / sum(out_of)``. Our own protocol
 (the default) is in ``rewards/gsm8k.py``, ``math500.py``, ``countdown.py`` and ``sudoku.py``; the
-README lists every difference with its count on d1's released generations.
+docs/scoring.md lists every difference with its count on d1's released generations.
 
 **GSM8K** (accuracy). Gold: the first ``#### <number>`` of the solution, ``$`` and ``,`` allowed,
 as a float; *a negative gold cannot be read* (the pattern has no sign), so such items are always

@@ -18,7 +18,7 @@ C code that no signal can interrupt. So each check runs in a worker process:
 ``timeout_s`` defaults to :data:`DEFAULT_TIMEOUT_S`, chosen by measurement, not by a budget:
 ``python benchmarks/rewards.py --math`` parses and verifies every MATH-500 gold answer against
 itself and equivalent rewritings, cold (first sight in a fresh worker) and warm, with both cores
-busy; the slowest correct check took well under a second there (the README has the figures), so
+busy; the slowest correct check took well under a second there (docs/scoring.md, "Rewards under load", has the figures), so
 5 s leaves a wide margin for slower machines while bounding what one pathological completion costs:
 at most ``timeout_s + KILL_GRACE_S`` of one worker, once per distinct string.
 

@@ -94,7 +94,7 @@ class Task(ABC):
     """One benchmark. Subclasses register with ``@TASKS.register("name")``."""
 
     config_class: type[TaskConfig] = TaskConfig
-    #: one line per metric that :meth:`metrics` returns, printed with the results (README "Metrics")
+    #: one line per metric that :meth:`metrics` returns, printed with the results (docs/tasks.md, "Metrics")
     metric_help: dict[str, str] = {}
 
     def __init__(self, cfg: TaskConfig):

@@ -57,7 +57,7 @@ class Math500Config(TextTaskConfig):
     train_hub_id: str = "EleutherAI/hendrycks_math"
     train_hub_configs: list[str] = field(default_factory=lambda: list(MATH_SUBJECTS))
     verify_workers: int = 0  # math-verify worker processes (rewards/verify_pool.py); 0: the CPU count, at most 8
-    verify_timeout_s: float = verify_pool.DEFAULT_TIMEOUT_S  # per parse and per check (measured: README)
+    verify_timeout_s: float = verify_pool.DEFAULT_TIMEOUT_S  # per parse and per check (measured: docs/scoring.md, "Rewards under load")
 
     def validate(self) -> None:
         super().validate()

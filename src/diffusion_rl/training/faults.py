@@ -15,7 +15,7 @@
   exists after step ``at_step``, cut it to half its size.
 
 A Lightning callback; the NaN loss needs one hook in the module (``module.fault.corrupt_loss``), the
-rest use Lightning's hooks. What the run does under each fault: README, "Resume and faults".
+rest use Lightning's hooks. What the run does under each fault: docs/resume_and_faults.md.
 """
 
 from __future__ import annotations
