@@ -239,3 +239,25 @@ def test_torchrun_and_srun_processes_share_one_run_folder():
         launcher_overrides(["-m", "seed=0,1"], slurm)
     assert launcher_overrides([], {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == []  # Lightning's own launcher
     assert launcher_overrides([], {}) == []
+
+
+def test_several_processes_refuse_a_distributed_sampler():
+    """Lightning's distributed samplers are told by class (DistributedSampler and its subclasses), not
+    by name: each process must read the same prompts and keep its rows."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+
+    from diffusion_rl.training.module import DiffusionRLModule
+
+    class Shuffled(DistributedSampler):  # a subclass whose name says nothing
+        pass
+
+    data = list(range(8))
+    check = DiffusionRLModule._check_data_parallel
+    for sampler in (DistributedSampler(data, num_replicas=2, rank=0), Shuffled(data, num_replicas=2, rank=1)):
+        with pytest.raises(ConfigError, match="use_distributed_sampler"):
+            check(SimpleNamespace(trainer=SimpleNamespace(world_size=2, train_dataloader=DataLoader(data, sampler=sampler))))
+    quiet = [(2, DataLoader(data, sampler=SequentialSampler(data))), (1, DataLoader(data, sampler=Shuffled(data, 1, 0)))]
+    for world, loader in quiet:
+        check(SimpleNamespace(trainer=SimpleNamespace(world_size=world, train_dataloader=loader)))

@@ -3,12 +3,13 @@ under every sampler option EGSPO's replay at theta = theta_old gives a step rati
 sampler's log-probs ride on the rollout and its cost is logged."""
 
 import itertools
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 
 import pytest
 import torch
 
 from diffusion_rl.advantages import ADVANTAGES
+from diffusion_rl.distributed import Shard
 from diffusion_rl.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
@@ -16,7 +17,7 @@ from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.heads import logits_outputs
 from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
 from diffusion_rl.models.tiny import TinyDiffusionLM
-from diffusion_rl.objectives.base import StepContext
+from diffusion_rl.objectives.base import Rollout, StepContext
 from diffusion_rl.objectives.egspo import EGSPO, EGSPOConfig
 from diffusion_rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
 from diffusion_rl.rollout import RolloutEngine
@@ -76,6 +77,10 @@ def test_dynamic_sampling_keeps_the_groups_whose_rewards_differ(tmp_path):
     assert torch.equal(kept.rewards, full.rewards[rows]) and kept.texts == [full.texts[i] for i in rows.tolist()]
     assert kept.metrics["train/frac_zero_std_groups"] == pytest.approx(float((~spread).float().mean()))
     assert kept.advantages.shape == (16,) and kept.all_rewards.shape == (16,)
+    expect = full.select(rows)  # the fields made before the filter are the full rollout's rows
+    for name in ("prompt_ids", "prompt_mask", "completion_mask", "sampler_logp"):
+        assert torch.equal(getattr(kept, name), getattr(expect, name)), name
+    assert kept.items == expect.items and kept.reward_components.keys() == expect.reward_components.keys()
     with pytest.raises(ConfigError, match="rollout.oversample"):
         engine_of(c, oversample=3)(items, c.bundle.net, 0)  # 32 rows are not 3 x whole groups
 
@@ -91,6 +96,62 @@ def test_trajectory_select_keeps_each_samples_record(tiny_bundle):
     for s in range(rec.num_steps):
         assert torch.equal(sub.state_before(s), rec.state_before(s)[rows])
         assert torch.equal(sub.greedy_completion(s), rec.greedy_completion(s)[rows])
+
+
+def every_field_rollout(tiny_bundle) -> Rollout:
+    """A rollout of 4 rows with every field set (none left None), each per-row value distinct per row."""
+    ids, mask = encode_prompts(tiny_bundle.tokenizer, ["1203=", "40", "0000000=", "12"])
+    rec = TrajectoryRecorder(tiny_bundle.mask_token_id)
+    comp = generate(logits_fn(tiny_bundle.net.eval()), ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=4),
+                    tiny_bundle.mask_token_id, torch.Generator().manual_seed(0), rec).completion
+    n, r = 4, torch.arange(4.0)
+    return Rollout(
+        rollout_id=5, group_size=2, prompt_ids=ids, prompt_mask=mask, completion_ids=comp,
+        completion_mask=torch.ones_like(comp), texts=[f"t{i}" for i in range(n)], items=[{"i": i} for i in range(n)],
+        rewards=r, all_rewards=torch.arange(8.0), reward_components={"a": 2 * r, "b": 3 * r},
+        advantages=r[:, None].expand(n, 3) + torch.arange(3.0), shard=Shard(0, 2, 0), trajectory=rec,
+        selected_steps=torch.arange(n)[:, None].repeat(1, 2), metrics={"m": 1.0},
+        loss_mask=torch.rand(comp.shape), sampler_logp=-torch.rand(comp.shape), pinned=torch.rand(comp.shape) > 0.5,
+    )
+
+
+def test_rollout_select_keeps_the_rows_of_every_per_row_field(tiny_bundle):
+    ro = every_field_rollout(tiny_bundle)
+    unset = [f.name for f in fields(Rollout) if getattr(ro, f.name) is None]
+    assert not unset, f"set {unset} in every_field_rollout so this test checks that select() keeps their rows"
+    # the fields select() leaves alone; a field added here must not be one value per row
+    assert Rollout.NOT_PER_ROW == {"rollout_id", "group_size", "all_rewards", "shard", "metrics"}
+    keep = torch.tensor([3, 1])
+    sub = ro.select(keep)
+    for f in fields(Rollout):
+        old, new = getattr(ro, f.name), getattr(sub, f.name)
+        if f.name in Rollout.NOT_PER_ROW:
+            assert new is old, f.name
+        elif isinstance(old, torch.Tensor):
+            assert torch.equal(new, old[keep]), f.name
+        elif isinstance(old, list):
+            assert new == [old[i] for i in keep.tolist()], f.name
+        elif isinstance(old, dict):
+            assert old.keys() == new.keys() and all(torch.equal(new[k], v[keep]) for k, v in old.items()), f.name
+        elif isinstance(old, TrajectoryRecorder):
+            assert torch.equal(new.final, old.final[keep]), f.name
+            assert all(torch.equal(new.state_before(s), old.state_before(s)[keep]) for s in range(old.num_steps))
+        else:
+            pytest.fail(f"Rollout.{f.name}: a {type(old).__name__}, which this test cannot check")
+    by_mask = ro.select(torch.tensor([False, True, False, True]))  # a bool mask keeps rows in their order
+    assert torch.equal(by_mask.completion_ids, ro.completion_ids[[1, 3]]) and by_mask.texts == ["t1", "t3"]
+
+
+def test_rollout_select_covers_a_new_field_and_refuses_one_it_cannot_split(tiny_bundle):
+    @dataclass
+    class WithExtra(Rollout):
+        extra: torch.Tensor | None = None  # (n, 2), a field select() was never told about
+
+    ro = every_field_rollout(tiny_bundle)
+    ext = WithExtra(**{f.name: getattr(ro, f.name) for f in fields(ro)}, extra=torch.arange(8).view(4, 2))
+    assert torch.equal(ext.select(torch.tensor([2, 0])).extra, torch.tensor([[4, 5], [0, 1]]))
+    with pytest.raises(TypeError, match=r"Rollout\.extra"):  # not one value per row: no silent pass-through
+        replace(ext, extra=torch.zeros(5)).select(torch.tensor([0]))
 
 
 ITEMS = [{"prompt": "1203="}, {"prompt": "0000000="}, {"prompt": "12"}]  # left padding is exercised

@@ -80,6 +80,19 @@ def test_wandb_logger_offline_logs_metrics_samples_and_config(wandb_env, monkeyp
     assert wandb.run is None  # closed: the next job of a multirun starts its own
 
 
+def test_a_wandb_logger_is_told_by_its_class(wandb_env):
+    pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import CSVLogger
+
+    class NotWandbLogger(CSVLogger):  # the name alone no longer makes a W&B logger
+        pass
+
+    ours = loggers_mod._wandb_logger_class()(offline=True, save_dir=str(wandb_env))  # no run until first use
+    assert loggers_mod._is_wandb(ours)
+    assert not loggers_mod._is_wandb(NotWandbLogger(wandb_env)) and not loggers_mod._is_wandb(CSVLogger(wandb_env))
+    assert loggers_mod.wandb_run_id([ours, CSVLogger(wandb_env)]) is None  # never started: no id
+
+
 def test_without_api_key_it_goes_offline_and_says_so_once(wandb_env, monkeypatch, caplog):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -32,7 +32,7 @@ sampler's cost:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -112,18 +112,22 @@ class RolloutEngine:
             rewards = torch.where(cut.to(rewards.device), torch.tensor(self.truncated_reward, dtype=rewards.dtype,
                                                                       device=rewards.device), rewards)
             metrics["rollout/truncated_frac"] = float(shard.all_reduce_sum(cut.float().sum()) / (n_generated * shard.world_size))
+        # every per-row field the filter below must see goes in here; all_rewards and advantages are
+        # placeholders, set at the end from the rows kept
+        ro = Rollout(
+            rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
+            completion_mask=completion_mask(completion, eos), texts=texts, items=group_items, rewards=rewards,
+            all_rewards=rewards, reward_components=components, advantages=rewards, shard=shard, trajectory=traj,
+            metrics=metrics, sampler_logp=token_logp, pinned=pinned,
+        )
         if self.oversample > 1:  # DAPO's dynamic sampling: keep the groups whose rewards differ
-            keep, metrics = self._keep_groups(rewards, G, shard)
-            ids, mask, completion, rewards = ids[keep], mask[keep], completion[keep], rewards[keep]
-            token_logp = None if token_logp is None else token_logp[keep]
-            pinned = None if pinned is None else pinned[keep]
-            components = {k: v[keep] for k, v in components.items()}
-            idx = keep.tolist()
-            texts, group_items = [texts[i] for i in idx], [group_items[i] for i in idx]
-            traj = None if traj is None else traj.select(keep)
-            n_kept = completion.shape[0]
-            shard = Shard(shard.rank, shard.world_size, shard.rank * n_kept)  # the kept rows, process-major
-        comp_mask = completion_mask(completion, eos)
+            keep, keep_metrics = self._keep_groups(rewards, G, shard)
+            ro = ro.select(keep)  # every per-row field (Rollout.select)
+            metrics.update(keep_metrics)
+            n_kept = ro.completion_ids.shape[0]
+            ro.shard = Shard(shard.rank, shard.world_size, shard.rank * n_kept)  # the kept rows, process-major
+        completion, comp_mask, rewards = ro.completion_ids, ro.completion_mask, ro.rewards
+        group_items, traj, shard = ro.items, ro.trajectory, ro.shard
         steps = None
         if traj is not None:
             steps, step_metrics = self.objective.select_steps(traj, completion, comp_mask, eos, rollout_id, self.seed)
@@ -163,11 +167,9 @@ class RolloutEngine:
             keys = [k for k in metrics if k.startswith(("egspo/", "rollout/"))]
             vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
             metrics.update(zip(keys, (vals / shard.world_size).tolist()))
-        return Rollout(
-            rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
-            completion_mask=comp_mask, texts=texts, items=group_items, rewards=rewards, all_rewards=all_rewards,
-            reward_components=components, advantages=adv[shard.rows(adv.shape[0])], shard=shard,
-            trajectory=traj, selected_steps=steps, metrics=metrics, sampler_logp=token_logp, pinned=pinned,
+        return replace(
+            ro, rewards=rewards, all_rewards=all_rewards, advantages=adv[shard.rows(adv.shape[0])],
+            selected_steps=steps, metrics=metrics,
             loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
                        if self.task.cfg.loss_mask == "reward" else None),
         )

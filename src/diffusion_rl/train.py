@@ -272,23 +272,46 @@ def peak_host_memory_gib() -> float:
 
 
 def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -> L.Trainer:
-    """The Lightning trainer; a value Lightning rejects (``trainer.devices=3`` without 3 devices, ...)
-    is a one-line :class:`ConfigError`."""
+    """The Lightning trainer; a value Lightning rejects (``trainer.precision=bf17``,
+    ``trainer.devices=abc``, ...) is a one-line :class:`ConfigError` (:func:`rejected_by_lightning`);
+    any other error propagates with its traceback."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     t = c.trainer
+    strategy = make_strategy(t.strategy, t.strategy_kwargs)  # its ConfigErrors name their own keys
     try:
         return L.Trainer(
             max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
-            strategy=make_strategy(t.strategy, t.strategy_kwargs),
+            strategy=strategy,
             precision=t.precision,  # type: ignore[arg-type]  # checked by Lightning, a bad value -> ConfigError below
             logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()], enable_progress_bar=t.enable_progress_bar,
             enable_model_summary=False, default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **t.extra,
         )
-    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as err:
+    except (MisconfigurationException, ValueError, TypeError) as err:
+        if not rejected_by_lightning(err):
+            raise
         text = " ".join(str(err).split()) or type(err).__name__
         key = next((k for k in ("devices", "precision", "strategy", "accelerator") if k in text.lower()), "extra")
         raise ConfigError(f"trainer.{key}", getattr(t, key), f"rejected by Lightning: {text[:300]}") from None
+
+
+def rejected_by_lightning(err: BaseException) -> bool:
+    """Whether ``err`` is Lightning refusing a trainer argument: its ``MisconfigurationException``
+    (``accelerator=gpu`` without one), or the ValueError / TypeError its argument checks raise (a bad
+    precision, strategy name, node or device count, an unknown keyword in ``trainer.extra``), told by
+    being raised in Lightning's own code. Errors raised elsewhere (ours, torch's, a RuntimeError) are
+    not config errors."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if isinstance(err, MisconfigurationException):
+        return True
+    if isinstance(err, ConfigError) or not isinstance(err, (ValueError, TypeError)):
+        return False
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] in ("lightning", "lightning_fabric", "pytorch_lightning")
 
 
 def format_summary(summary: dict[str, Any]) -> str:

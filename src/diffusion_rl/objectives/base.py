@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -116,6 +116,44 @@ class Rollout:
     # (n, L) bool: the task's pinned tokens (Task.pinned_completion: Sudoku's givens), in the canvas from
     # the start: never masked by an estimator, never scored; None: nothing pinned
     pinned: torch.Tensor | None = None
+
+    # The fields that are not one value per row of this process, so :meth:`select` leaves them as they
+    # are: ``rollout_id`` and ``group_size`` describe the batch; ``all_rewards`` holds every process's
+    # rows (N,), which only a gather after every process selected can renew; ``shard`` places this
+    # process's rows among all processes, which the selection moves; ``metrics`` are batch-level
+    # floats. The caller renews the two that the selection changes (RolloutEngine).
+    NOT_PER_ROW: ClassVar[frozenset[str]] = frozenset(
+        {"rollout_id", "group_size", "all_rewards", "shard", "metrics"})
+
+    def select(self, keep: torch.Tensor) -> Rollout:
+        """The rollout of rows ``keep`` only (indices (n',) in that order, or a bool mask (n,)), for
+        DAPO's dynamic sampling. Generic over the fields, so a new one cannot escape the filter: every
+        field outside :attr:`NOT_PER_ROW` is per-row and is selected (a tensor whose first dimension is
+        the batch's n, a list of n, a dict of such tensors, the trajectory recorder, or None); anything
+        else raises a TypeError naming the field."""
+        n = self.completion_ids.shape[0]
+        if keep.dtype == torch.bool:
+            if keep.shape != (n,):
+                raise ValueError(f"a bool mask of the {n} rows expected, got shape {tuple(keep.shape)}")
+            keep = keep.nonzero()[:, 0]
+        rows = keep.tolist()
+
+        def pick(name: str, value: Any) -> Any:
+            if value is None:
+                return None
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+                return value[keep]
+            if isinstance(value, list) and len(value) == n:
+                return [value[i] for i in rows]
+            if isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
+                return {k: pick(f"{name}[{k!r}]", v) for k, v in value.items()}
+            if isinstance(value, TrajectoryRecorder):
+                return value.select(keep)
+            raise TypeError(f"Rollout.{name} ({type(value).__name__}) is not one value per row of the {n}: "
+                            "select() cannot keep its rows; list it in Rollout.NOT_PER_ROW if it is batch-level")
+
+        return replace(self, **{f.name: pick(f.name, getattr(self, f.name))
+                               for f in fields(self) if f.name not in self.NOT_PER_ROW})
 
     @property
     def scored_mask(self) -> torch.Tensor:

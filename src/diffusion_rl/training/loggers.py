@@ -166,10 +166,17 @@ def make_wandb_logger(wcfg: WandbConfig, run_dir: Path, config: Any = None, resu
     return cls(name=f"{name}-resumed-step{resume.step}", config=continuation, **common)
 
 
+def _is_wandb(logger: Any) -> bool:
+    """A W&B logger (Lightning's, or our StepWandbLogger subclass of it); the import loads no wandb."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    return isinstance(logger, WandbLogger)
+
+
 def wandb_run_id(loggers: list) -> str | None:
     """The id of the W&B run these loggers write to, if any (it rides in checkpoints)."""
     for logger in loggers:
-        if type(logger).__name__.endswith("WandbLogger") and getattr(logger, "_experiment", None) is not None:
+        if _is_wandb(logger) and getattr(logger, "_experiment", None) is not None:
             return str(logger.experiment.id)
     return None
 
@@ -189,7 +196,7 @@ def has_wandb_credentials() -> bool:
 def finish_loggers(loggers: list, summary: dict[str, Any] | None = None, failed: bool = False) -> None:
     """Close W&B runs (the next job of a multirun must not reuse them), with the held-out results."""
     for logger in loggers:
-        if not type(logger).__name__.endswith("WandbLogger") or getattr(logger, "_experiment", None) is None:
+        if not _is_wandb(logger) or getattr(logger, "_experiment", None) is None:
             continue
         run = logger.experiment
         if summary:

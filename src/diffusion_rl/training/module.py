@@ -37,6 +37,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.utils.data import DistributedSampler
 
 from diffusion_rl.advantages import AdvantageEstimator
 from diffusion_rl.errors import ConfigError
@@ -191,7 +192,7 @@ class DiffusionRLModule(L.LightningModule):
 
     def _check_data_parallel(self) -> None:
         sampler = getattr(self.trainer.train_dataloader, "sampler", None)
-        if self.trainer.world_size > 1 and "Distributed" in type(sampler).__name__:
+        if self.trainer.world_size > 1 and isinstance(sampler, DistributedSampler):  # Lightning's subclass it
             raise ConfigError("trainer.extra.use_distributed_sampler", True,
                               "must be false with several processes: each reads the same prompts and keeps its rows")
 
