@@ -49,8 +49,9 @@ from diffusion_rl.models.llada import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from diffusion_rl.models.native import NativeDiffusionLM  # noqa: E402
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, logits_fn  # noqa: E402
 from diffusion_rl.models.sdar import SDARConfig, SDARForCausalLM  # noqa: E402
-from diffusion_rl.objectives.base import Rollout, StepContext  # noqa: E402
-from diffusion_rl.objectives.stabledrl import StableDRL, StableDRLConfig  # noqa: E402
+from diffusion_rl.rl.batch import Rollout  # noqa: E402
+from diffusion_rl.rl.objectives.base import StepContext  # noqa: E402
+from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig  # noqa: E402
 from diffusion_rl.sampling import SamplerConfig  # noqa: E402
 from diffusion_rl.sampling.block import policy_generate  # noqa: E402
 
@@ -305,7 +306,7 @@ def train_jobs(args, device: torch.device) -> None:
     from tests.helpers import compose_cfg
     from tests.released_layouts import write_checkpoint
 
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     sizes = ({"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 192} if args.tiny

@@ -1,6 +1,6 @@
 """Reward throughput: sandboxed programs per second, and math-verify completions per second.
 
-1. Sandbox (``rewards/sandbox.py``): the canonical HumanEval solutions (and MBPP's test split from
+1. Sandbox (``sandbox/runner.py``): the canonical HumanEval solutions (and MBPP's test split from
    ``tests/fixtures/mbpp/mbpp.jsonl``) as a batch of 512 programs, run with 1 and 2 workers;
    prints programs scored per second (every program must pass).
 2. math-verify (``rewards/verify_pool.py``): completions whose boxed answer is a MATH-500 gold answer
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from diffusion_rl.rewards import math500, verify_pool  # noqa: E402
 from diffusion_rl.rewards.code import program_of  # noqa: E402
-from diffusion_rl.rewards.sandbox import Sandbox, SandboxConfig  # noqa: E402
+from diffusion_rl.sandbox.runner import Sandbox, SandboxConfig  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"  # public benchmark files (tests/fixtures/README.md)
 

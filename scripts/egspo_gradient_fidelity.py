@@ -29,12 +29,12 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from diffusion_rl.conf_store import register_configs  # noqa: E402
+from diffusion_rl.app.conf_store import register_configs  # noqa: E402
+from diffusion_rl.app.train import build, run_config  # noqa: E402
 from diffusion_rl.likelihood.stepwise import stepwise_logps  # noqa: E402
 from diffusion_rl.models.policy import logits_fn  # noqa: E402
-from diffusion_rl.objectives.selectors import SELECTORS  # noqa: E402
-from diffusion_rl.rollout import RolloutEngine  # noqa: E402
-from diffusion_rl.train import build, run_config  # noqa: E402
+from diffusion_rl.rl.objectives.selectors import SELECTORS  # noqa: E402
+from diffusion_rl.rl.rollout import RolloutEngine  # noqa: E402
 from diffusion_rl.training.warmstart import warm_start  # noqa: E402
 
 SELECTED = ("entropy", "random", "uniform", "low_entropy")

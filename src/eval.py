@@ -10,7 +10,7 @@
 A checkpoint carries its run's model, tokenizer, task and sampler config, and the evaluation uses
 them; what the command line sets explicitly goes on top (a different network is refused).
 
-Thin Hydra app (config ``conf/eval.yaml``) around :func:`diffusion_rl.evaluate.run_eval`; writes
+Thin Hydra app (config ``conf/eval.yaml``) around :func:`diffusion_rl.app.evaluate.run_eval`; writes
 ``generations.jsonl``, ``eval_summary.json`` and ``eval_summary.md`` to the run folder and returns
 the first metric of the first length (what a sweeper optimises).
 """
@@ -24,7 +24,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from diffusion_rl.conf_store import register_configs
+from diffusion_rl.app.conf_store import register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register_configs()  # the dataclass defaults the yaml files start from; at import, so sweep workers have them
@@ -32,8 +32,8 @@ register_configs()  # the dataclass defaults the yaml files start from; at impor
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="eval")
 def main(cfg: DictConfig) -> float | None:
-    from diffusion_rl.cli import hydra_job
-    from diffusion_rl.evaluate import run_eval
+    from diffusion_rl.app.cli import hydra_job
+    from diffusion_rl.app.evaluate import run_eval
 
     summary = hydra_job(lambda run_dir: run_eval(cfg, run_dir))
     if summary is None:  # a failed multirun job (failed.json in its folder)
@@ -47,6 +47,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    from diffusion_rl.cli import run_hydra_app
+    from diffusion_rl.app.cli import run_hydra_app
 
     run_hydra_app(main, CONF)

@@ -1,6 +1,6 @@
 """Offline report of a run or a multirun: ``python src/report.py <run folder | multirun folder>``.
 
-Thin entry point around :func:`diffusion_rl.report.build_report`: writes PNG plots (gradient norm
+Thin entry point around :func:`diffusion_rl.report.build.build_report`: writes PNG plots (gradient norm
 with spikes marked, reward, log-ratio spread, ESS) and ``report.md`` into ``<folder>/report/`` (or
 ``--out DIR``) and prints the markdown table.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.report import build_report, markdown_table
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.report.build import build_report, markdown_table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Train a diffusion LM with RL: ``python src/train.py objective=grpo task=sudoku``.
 
-Thin Hydra app around :func:`diffusion_rl.train.train`. Shorten a run with ``trainer.max_steps=4``,
+Thin Hydra app around :func:`diffusion_rl.app.train.train`. Shorten a run with ``trainer.max_steps=4``,
 place it with ``hydra.run.dir=...``, resume with ``hydra.run.dir=<run> ckpt_path=last``, sweep with ``-m``.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from diffusion_rl.conf_store import register_configs
+from diffusion_rl.app.conf_store import register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register_configs()  # the dataclass defaults the yaml files start from; at import, so sweep workers have them
@@ -19,8 +19,8 @@ register_configs()  # the dataclass defaults the yaml files start from; at impor
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from diffusion_rl.cli import hydra_job
-    from diffusion_rl.train import format_summary, train
+    from diffusion_rl.app.cli import hydra_job
+    from diffusion_rl.app.train import format_summary, train
 
     summary = hydra_job(lambda run_dir: train(cfg, run_dir))
     if summary is None:  # a failed multirun job (failed.json in its folder)
@@ -31,6 +31,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    from diffusion_rl.cli import run_hydra_app
+    from diffusion_rl.app.cli import run_hydra_app
 
     run_hydra_app(main, CONF)

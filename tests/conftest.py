@@ -10,7 +10,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from diffusion_rl.conf_store import register_configs  # noqa: E402
+from diffusion_rl.app.conf_store import register_configs  # noqa: E402
 
 register_configs()  # the base_* nodes every conf/ yaml starts from
 
@@ -49,7 +49,7 @@ def tiny_run(tmp_path_factory):
     """One tiny training run shared by the tests that need a real run folder (checkpoints, eval,
     report, bad input): 5 optimizer steps, a checkpoint every 2 (so the last step is not one of
     them), held-out evaluation every 2 steps. Returns ``(run folder, summary)``; read-only for users."""
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
 
     from .helpers import compose_cfg
 

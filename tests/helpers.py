@@ -7,7 +7,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from diffusion_rl.conf_store import register_configs
+from diffusion_rl.app.conf_store import register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -32,7 +32,7 @@ def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True, config_
 
 def rollout_of(prompt, pmask, comp, cmask, rewards, advantages, group_size: int, rollout_id: int = 7, **kw):
     """A :class:`Rollout` of hand-made tensors (no texts or items; rewards of every row known)."""
-    from diffusion_rl.objectives.base import Rollout
+    from diffusion_rl.rl.batch import Rollout
 
     n = comp.shape[0]
     return Rollout(rollout_id, group_size, prompt, pmask, comp, cmask, [""] * n, [{}] * n, rewards, rewards, {},

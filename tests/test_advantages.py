@@ -1,9 +1,10 @@
-"""Advantage estimators (advantages.py) on hand-computed rewards, and their fit with the objectives."""
+"""Advantage estimators (rl/advantages.py) on hand-computed rewards, and their fit with the objectives."""
 
 import pytest
 import torch
 
-from diffusion_rl.advantages import (
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.rl.advantages import (
     ADVANTAGES,
     AdvantageConfig,
     GroupConfig,
@@ -11,7 +12,6 @@ from diffusion_rl.advantages import (
     StepwiseConfig,
     stepwise_returns,
 )
-from diffusion_rl.errors import ConfigError
 
 R = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])  # two groups of G = 4; the second has no spread
 
@@ -78,7 +78,7 @@ def test_configs_validate_and_registry_names():
     ("egspo", "stepwise", True), ("egspo_sa", "group_std", False), ("egspo_sa", "stepwise", True),
 ])
 def test_objectives_refuse_estimators_they_cannot_use(tmp_path, objective, advantage, ok):
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
 
     from .helpers import compose_cfg
 

@@ -1,4 +1,4 @@
-"""Behaviour correction for approximate rollouts (objectives/behaviour.py and the shared loss template):
+"""Behaviour correction for approximate rollouts (rl/objectives/behaviour.py and the shared loss template):
 TIS weights and mismatch metrics hand-checked, the sampler's log-probs in each estimator's units."""
 
 import math
@@ -6,16 +6,16 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.likelihood.staircase import StaircaseConfig, StaircaseEstimator
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.objectives.base import StepContext
-from diffusion_rl.objectives.behaviour import mismatch_metrics, tis_weights
-from diffusion_rl.objectives.grpo import GRPO, GRPOConfig
-from diffusion_rl.objectives.stabledrl import StableDRL, StableDRLConfig
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.behaviour import mismatch_metrics, tis_weights
+from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
+from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig
 
 from .test_stabledrl import make_rollout
 

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build, train
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator
 from diffusion_rl.likelihood.staircase import (
     StaircaseConfig,
@@ -16,11 +17,10 @@ from diffusion_rl.likelihood.staircase import (
 )
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
-from diffusion_rl.objectives.grpo import GRPO, GRPOConfig
-from diffusion_rl.objectives.stabledrl import StableDRL, StableDRLConfig
+from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
+from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.block import block_generate, check_block_sampler, policy_generate
-from diffusion_rl.train import build, train
 
 from .helpers import compose_cfg
 
@@ -240,7 +240,7 @@ def test_config_errors_name_the_key(tmp_path):
 
 @pytest.mark.parametrize("objective", ["stabledrl", "grpo"])
 def test_staircase_plugs_into_objectives(block_bundle, objective):
-    from diffusion_rl.objectives.base import StepContext
+    from diffusion_rl.rl.objectives.base import StepContext
 
     from .helpers import rollout_of
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, check_cache_support, encode_prompts, logits_fn
 from diffusion_rl.sampling import SamplerConfig, generate

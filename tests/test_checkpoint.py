@@ -4,7 +4,7 @@ run's config, a file that is not a checkpoint is refused in one line (training/c
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.training.checkpoint import RUN_KEY, load_checkpoint, resolve_checkpoint
 
 
@@ -43,7 +43,7 @@ def test_a_text_file_given_as_checkpoint_is_refused_in_plain_words(tmp_path):
 
 
 def test_only_the_newest_keep_last_k_step_checkpoints_are_kept(tmp_path):
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
 
     from .helpers import compose_cfg
 
@@ -60,7 +60,7 @@ def test_a_lora_checkpoint_resumes_only_on_its_own_base(tmp_path):
     """The frozen base is not in a LoRA checkpoint: it is named by path and content hash, and resuming
     on another base stops in one line; on the same base the run resumes."""
     pytest.importorskip("peft")
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
 
     from .helpers import compose_cfg
     from .released_layouts import write_checkpoint

@@ -1,4 +1,4 @@
-"""Every user error is one line and exit status 2 (diffusion_rl/cli.py): docs/cli_errors.md's table,
+"""Every user error is one line and exit status 2 (diffusion_rl/app/cli.py): docs/cli_errors.md's table,
 run through the real entry points, and the routing of library logging into the run's log file.
 
 The table's commands run in one subprocess (``tests/cli_driver.py``: each command is
@@ -106,7 +106,7 @@ def test_library_logging_reaches_the_log_file_and_only_warnings_the_console(tmp_
     import io
     import warnings
 
-    from diffusion_rl.cli import route_library_logging
+    from diffusion_rl.app.cli import route_library_logging
 
     root = logging.getLogger()
     console_stream = io.StringIO()
@@ -120,7 +120,7 @@ def test_library_logging_reaches_the_log_file_and_only_warnings_the_console(tmp_
         lightning_logger.propagate = False
         route_library_logging()
         logging.getLogger("lightning.pytorch.utilities.rank_zero").info("GPU available: False")
-        logging.getLogger("diffusion_rl.train").info("warm start loaded")
+        logging.getLogger("diffusion_rl.app.train").info("warm start loaded")
         warnings.warn("something a library warns about", UserWarning, stacklevel=1)
         file.flush()
     finally:

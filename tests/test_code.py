@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from diffusion_rl.rewards.code import CodeReward, assemble, extract_code, program_of
-from diffusion_rl.rewards.sandbox import SandboxConfig
+from diffusion_rl.sandbox.runner import SandboxConfig
 
 PROMPT = 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs."""\n'
 ITEM = {"tests": ["def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\ncheck(add)\n"],

@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from diffusion_rl.conf_store import GROUP_SCHEMAS, REGISTRIES, defaults_of, schema
-from diffusion_rl.config import from_dict
-from diffusion_rl.evaluate import EvalRunConfig
-from diffusion_rl.train import RunConfig
+from diffusion_rl.app.conf_store import GROUP_SCHEMAS, REGISTRIES, defaults_of, schema
+from diffusion_rl.app.evaluate import EvalRunConfig
+from diffusion_rl.app.train import RunConfig
+from diffusion_rl.core.config import from_dict
 
 from .helpers import CONF, compose_cfg
 

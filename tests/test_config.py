@@ -2,8 +2,8 @@
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.train import build
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
 
 from .helpers import compose_cfg
 
@@ -38,7 +38,7 @@ def trainer_of(tmp_path, **kw):
     """``make_trainer`` on a TrainerConfig (the only part of the components it reads)."""
     from types import SimpleNamespace
 
-    from diffusion_rl.train import TrainerConfig, make_trainer
+    from diffusion_rl.app.train import TrainerConfig, make_trainer
 
     return make_trainer(SimpleNamespace(trainer=TrainerConfig(**kw)), tmp_path, [], [])  # type: ignore[arg-type]
 
@@ -56,7 +56,7 @@ def test_a_value_lightning_rejects_is_a_config_error(tmp_path, kw, key):
 
 
 def test_other_trainer_errors_propagate(tmp_path, monkeypatch):
-    import diffusion_rl.train as train_mod
+    import diffusion_rl.app.train as train_mod
 
     # our own ConfigError keeps its key (it is a ValueError, but not Lightning's)
     with pytest.raises(ConfigError, match=r"^trainer\.strategy='nope' is invalid: with strategy_kwargs allowed"):

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.complementary import (
     ComplementaryConfig,
@@ -17,10 +18,13 @@ from diffusion_rl.likelihood.complementary import (
     coupled_token_logps,
 )
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.objectives.base import Scores, StepContext
-from diffusion_rl.objectives.coupled_grpo import CoupledGRPO, CoupledGRPOConfig, coupled_grpo_loss
-from diffusion_rl.rollout import RolloutEngine
-from diffusion_rl.train import build
+from diffusion_rl.rl.objectives.base import Scores, StepContext
+from diffusion_rl.rl.objectives.coupled_grpo import (
+    CoupledGRPO,
+    CoupledGRPOConfig,
+    coupled_grpo_loss,
+)
+from diffusion_rl.rl.rollout import RolloutEngine
 
 from .helpers import compose_cfg, rollout_of
 
@@ -360,7 +364,7 @@ def test_nonsense_fails_in_one_line(tmp_path, overrides, key):
 
 def test_grpo_can_use_the_complementary_estimator(real):
     """The estimator is per token and registered: d1's GRPO runs on it unchanged."""
-    from diffusion_rl.objectives.grpo import GRPO, GRPOConfig
+    from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
 
     c, ro = real
     f = logits_fn(c.bundle.net)

@@ -1,4 +1,4 @@
-"""d1's Countdown arithmetic without eval (rewards/d1_arith.py): Python's values on d1's whitelist,
+"""d1's Countdown arithmetic without eval (rewards/d1/arith.py): Python's values on d1's whitelist,
 bounded work where d1's eval hangs.
 
 Run: pytest tests/test_d1_arith.py -q
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from diffusion_rl.rewards.d1_arith import (
+from diffusion_rl.rewards.d1.arith import (
     MAX_INT_BITS,
     TOO_LARGE,
     d1_arith_value,

@@ -1,4 +1,4 @@
-"""``eval.protocol=d1`` (rewards/d1_eval.py): one hand case per quirk of d1's parsers, one per
+"""``eval.protocol=d1`` (rewards/d1/scoring.py): one hand case per quirk of d1's parsers, one per
 deliberate difference of our protocol (the table in docs/scoring.md), and d1's released LLaDA generations
 re-scored to the papers' row, item for item.
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from diffusion_rl.evaluate import rescore_generations
-from diffusion_rl.rewards.d1_eval import (
+from diffusion_rl.app.evaluate import rescore_generations
+from diffusion_rl.rewards.d1.scoring import (
     D1_PROTOCOLS,
     d1_countdown_expression,
     d1_gsm8k_gold,
@@ -201,7 +201,7 @@ def test_scans_equal_d1s_regexes():
     import random
     import re
 
-    from diffusion_rl.rewards import d1_eval
+    from diffusion_rl.rewards.d1 import scoring as d1_eval
 
     oracles = {  # d1's patterns, each with the scan that replaces it (the regexes backtrack quadratically)
         "box": (lambda s: re.findall(r"\\boxed{(.*?)}", s), d1_eval._box_contents),

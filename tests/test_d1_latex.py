@@ -1,4 +1,4 @@
-"""d1's LaTeX answer handling (rewards/d1_latex.py): one hand case per quirk in the module docstring.
+"""d1's LaTeX answer handling (rewards/d1/latex.py): one hand case per quirk in the module docstring.
 
 Run: pytest tests/test_d1_latex.py -q
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffusion_rl.rewards.d1_latex import (
+from diffusion_rl.rewards.d1.latex import (
     d1_boxed_answer,
     d1_is_equiv,
     d1_last_boxed,

@@ -1,4 +1,4 @@
-"""``task.rewards=d1`` (rewards/d1_rewards.py): d1's training rewards, one hand case per quirk, the
+"""``task.rewards=d1`` (rewards/d1/rewards.py): d1's training rewards, one hand case per quirk, the
 presets that select them, and bounded work where d1's own reward hangs.
 
 Run: pytest tests/test_d1_rewards.py -q
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from diffusion_rl.rewards import d1_rewards as d1
 from diffusion_rl.rewards import gsm8k as ours
+from diffusion_rl.rewards.d1 import rewards as d1
 
 from .test_text_tasks import make_task
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.train import build, train
+from diffusion_rl.app.train import build, train
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.training.diagnostics import (
     OPTIONAL_METRICS,
     SPEC_METRICS,

@@ -7,18 +7,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.advantages import ADVANTAGES, StepwiseAdvantage, StepwiseConfig
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.likelihood.stepwise import stepwise_logps
 from diffusion_rl.models.policy import decode_completions, encode_prompts, logits_fn
-from diffusion_rl.objectives.base import StepContext
-from diffusion_rl.objectives.egspo import EGSPO, EGSPOConfig, last_content_step, slice_slots
-from diffusion_rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
-from diffusion_rl.objectives.grpo import grpo_loss
-from diffusion_rl.objectives.selectors import SELECTORS, steps_up_to
-from diffusion_rl.rollout import RolloutEngine
+from diffusion_rl.rl.advantages import ADVANTAGES, StepwiseAdvantage, StepwiseConfig
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.egspo import EGSPO, EGSPOConfig, last_content_step, slice_slots
+from diffusion_rl.rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
+from diffusion_rl.rl.objectives.grpo import grpo_loss
+from diffusion_rl.rl.objectives.selectors import SELECTORS, steps_up_to
+from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.stratified import (
     StratifiedConfig,
@@ -19,10 +20,9 @@ from diffusion_rl.likelihood.stratified import (
     stratified_token_terms,
 )
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.objectives.base import Scores, StepContext
-from diffusion_rl.objectives.espo import ESPO, ESPOConfig, espo_kl, espo_loss
-from diffusion_rl.rollout import RolloutEngine
-from diffusion_rl.train import build
+from diffusion_rl.rl.objectives.base import Scores, StepContext
+from diffusion_rl.rl.objectives.espo import ESPO, ESPOConfig, espo_kl, espo_loss
+from diffusion_rl.rl.rollout import RolloutEngine
 
 from .helpers import compose_cfg, rollout_of
 from .test_coupled_grpo import MASK, ContextModel, forward_spy, perturbed, random_batch
@@ -372,7 +372,7 @@ def test_nonsense_fails_in_one_line(tmp_path, overrides, key):
 
 def test_grpo_can_use_the_stratified_estimator(real):
     """Per token and registered: d1's GRPO runs on the weighted ELBO terms unchanged."""
-    from diffusion_rl.objectives.grpo import GRPO, GRPOConfig
+    from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
 
     c, ro = real
     f = logits_fn(c.bundle.net)

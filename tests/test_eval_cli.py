@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import diffusion_rl.evaluate as ev_mod
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.evaluate import evaluate_checkpoint, rescore_generations, run_eval
+import diffusion_rl.app.evaluate as ev_mod
+from diffusion_rl.app.evaluate import evaluate_checkpoint, rescore_generations, run_eval
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig
 
@@ -177,7 +177,7 @@ def test_a_named_test_file_is_evaluated_whole_unless_capped(tmp_path):
 
 
 def test_policy_warmstart_uses_the_training_runs_cached_warm_start(tmp_path):
-    from diffusion_rl.train import warm_start_key
+    from diffusion_rl.app.train import warm_start_key
     from diffusion_rl.training.warmstart import cache_key
 
     args = ["policy=warmstart", "task=sudoku", "task.num_test=4", "task.num_train=32", "warmstart.steps=2",

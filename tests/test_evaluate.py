@@ -11,15 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.evaluate import (
+from diffusion_rl.app.evaluate import (
     EvalProtocolConfig,
     check_protocol,
     is_d1_format,
     read_d1_generations,
     rescore_generations,
 )
-from diffusion_rl.rewards.d1_eval import D1_PROTOCOLS
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.rewards.d1.scoring import D1_PROTOCOLS
 
 from .test_text_tasks import compose_eval, write_jsonl
 

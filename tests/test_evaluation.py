@@ -3,7 +3,7 @@ changing it: the same training rows and the same final model with or without it.
 
 import csv
 
-from diffusion_rl.train import train
+from diffusion_rl.app.train import train
 
 from .helpers import compose_cfg
 

@@ -12,8 +12,8 @@ import pathlib
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.train import build, train
+from diffusion_rl.app.train import build, train
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.training.checkpoint import resolve_checkpoint
 from diffusion_rl.training.faults import FaultConfig, FaultInjector
 
@@ -31,7 +31,7 @@ def same(a, b) -> bool:
 @pytest.fixture
 def spy(monkeypatch):
     """Records every inner update and rollout of the module that ``train`` builds."""
-    import diffusion_rl.train as train_mod
+    import diffusion_rl.app.train as train_mod
 
     real = train_mod.DiffusionRLModule
     rec: dict = {"updates": [], "rewards": []}

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusion_rl.cli import launcher_overrides
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.cli import launcher_overrides
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.training.checkpoint import is_sharded, load_sharded_tensors, sharded_keys
 
 from .released_layouts import write_checkpoint
@@ -181,7 +181,7 @@ def _rollout_worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
     from diffusion_rl.training.module import DiffusionRLModule
     from diffusion_rl.training.strategy import FSDPOptions, fsdp_units, shard
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build, train
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig
-from diffusion_rl.train import build, train
 
 from .helpers import CONF, compose_cfg
 
@@ -253,7 +253,7 @@ def test_four_bit_without_bitsandbytes_or_cuda_fails_in_one_line(hf_path):
 
 
 def test_named_model_configs_validate(tmp_path):
-    from diffusion_rl.config import from_dict
+    from diffusion_rl.core.config import from_dict
 
     for name in ("llada_8b_instruct", "llada_1_5", "dream_7b_instruct", "sdar_8b_chat", "sdar_1_7b_chat",
                  "diffucoder_7b_instruct", "trado_8b_instruct", "trado_4b_instruct"):
@@ -290,7 +290,7 @@ def test_two_rl_steps_through_model_hf(tmp_path, hf_path, lora, monkeypatch):
         tmp_path,
         tiny=False,
     )
-    import diffusion_rl.train as train_mod
+    import diffusion_rl.app.train as train_mod
 
     captured = {}
     real = train_mod.DiffusionRLModule
@@ -382,9 +382,9 @@ def test_trainer_configs_and_fsdp_shards_decoder_layers(tmp_path, hf_path):
     """The trainer presets validate; FSDP2 units are the decoder layers (tests/test_fsdp.py trains through them)."""
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from diffusion_rl.config import from_dict
+    from diffusion_rl.app.train import TrainerConfig
+    from diffusion_rl.core.config import from_dict
     from diffusion_rl.models.tiny import Block
-    from diffusion_rl.train import TrainerConfig
     from diffusion_rl.training.strategy import FSDP2Strategy, decoder_layer_classes, make_strategy
 
     for name in ("gpu", "ddp", "fsdp"):

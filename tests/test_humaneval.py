@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.evaluate import evaluate_checkpoint, rescore_generations
+from diffusion_rl.app.evaluate import evaluate_checkpoint, rescore_generations
+from diffusion_rl.app.train import build_task
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.tasks.code import EVALPLUS_INSTRUCTION, EVALPLUS_RESPONSE
-from diffusion_rl.train import build_task
 
 from .helpers import compose_cfg
 from .test_text_tasks import compose_eval, write_jsonl

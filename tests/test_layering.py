@@ -1,10 +1,11 @@
 """Layers point one way: no module imports a higher layer, the import graph has no cycle, no package
 reaches into another's private names, and the math never imports Lightning.
 
-Layers, low to high (``diffusion_rl.<first part of the module name>``)::
+Layers, low to high (``diffusion_rl.<package>``, or ``<package>.<subpackage>`` where a package holds
+more than one layer)::
 
-    utilities < models < sampling < likelihood < rewards < tasks < advantages, objectives < rollout
-    < training < entry points
+    core < models < sampling < likelihood < sandbox < rewards < tasks < rl (the batch types)
+    < rl.advantages, rl.objectives < rl.rollout < training < app, report
 
 Imports inside functions count: a lazy import is still a dependency.
 """
@@ -18,19 +19,22 @@ from .conftest import ROOT
 
 SRC = ROOT / "src" / "diffusion_rl"
 LAYERS = [
-    {"errors", "registry", "seeding", "config", "distributed"},
+    {"core"},
     {"models"},
     {"sampling"},
     {"likelihood"},
+    {"sandbox"},
     {"rewards"},
     {"tasks"},
-    {"advantages", "objectives"},
-    {"rollout"},
+    {"rl"},
+    {"rl.advantages", "rl.objectives"},
+    {"rl.rollout"},
     {"training"},
-    {"train", "evaluate", "report", "report_groups", "report_runs", "sweep", "cli", "conf_store"},
+    {"app", "report"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
-NO_LIGHTNING = {"models", "sampling", "likelihood", "rewards", "advantages", "objectives", "rollout", "distributed"}
+NO_LIGHTNING = {"core", "models", "sampling", "likelihood", "sandbox", "rewards", "rl", "rl.advantages",
+                "rl.objectives", "rl.rollout"}
 
 
 def module_name(path: Path) -> str:
@@ -55,8 +59,13 @@ GRAPH = {module_name(f): imports(f) for f in FILES}
 
 
 def top(module: str) -> str:
-    """``diffusion_rl.objectives.grpo`` -> ``objectives``."""
-    return module.split(".")[1] if module.count(".") else ""
+    """The layer a module belongs to: ``diffusion_rl.rl.objectives.grpo`` -> ``rl.objectives``,
+    ``diffusion_rl.models.llada`` -> ``models`` (the longest name in LAYERS that prefixes it)."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYER_OF:
+            return ".".join(parts[:n])
+    return parts[0] if parts else ""
 
 
 def test_every_module_has_a_layer():

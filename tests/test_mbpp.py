@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.evaluate import evaluate_checkpoint, rescore_generations
+from diffusion_rl.app.evaluate import evaluate_checkpoint, rescore_generations
+from diffusion_rl.app.train import build_task
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.tasks.mbpp import remote_names
-from diffusion_rl.train import build_task
 
 from .conftest import FIXTURES
 from .helpers import compose_cfg
@@ -78,8 +78,8 @@ def test_every_split_of_the_real_file(tmp_path):
 
 
 def test_a_short_rl_run_scores_its_rollouts_in_the_sandbox(tmp_path, monkeypatch):
-    from diffusion_rl.rewards.sandbox import Sandbox
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
+    from diffusion_rl.sandbox.runner import Sandbox
 
     rows = [{**_row(i), "text": f"Return {i}.", "code": f"def f():\r\n    return {i}",
              "test_list": [f"assert f() == {i}"] * 3} for i in [*range(11, 17), *range(601, 611)]]

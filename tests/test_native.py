@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy, discover_models
 from diffusion_rl.models.native import NATIVE, NativeDiffusionLM
 from diffusion_rl.models.policy import ModelConfig
@@ -240,7 +240,7 @@ def test_activation_checkpointing_gives_the_same_gradients(folders, arch):
 def test_lora_targets_the_native_projections_and_fsdp_shards_decoder_layers(folders, arch, tmp_path):
     """Which modules LoRA and FSDP2 units take (tests/test_fsdp.py trains through them)."""
     pytest.importorskip("peft")
-    from diffusion_rl.config import from_dict
+    from diffusion_rl.core.config import from_dict
     from diffusion_rl.training.strategy import decoder_layer_classes
 
     from .helpers import compose_cfg
@@ -264,7 +264,7 @@ def test_lora_targets_the_native_projections_and_fsdp_shards_decoder_layers(fold
 def test_diffucoder_preset_ends_completions_at_im_end(folders, tmp_path):
     """DiffuCoder-Instruct ends an answer with <|im_end|> (its config.json says 151643): the preset names
     the EOS by its token, so the id comes from the checkpoint's own tokenizer."""
-    from diffusion_rl.config import from_dict
+    from diffusion_rl.core.config import from_dict
 
     from .helpers import compose_cfg
 

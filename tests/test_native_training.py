@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusion_rl.objectives import OBJECTIVES
-from diffusion_rl.registry import discover
+from diffusion_rl.app.train import train
+from diffusion_rl.core.registry import discover
+from diffusion_rl.rl.objectives import OBJECTIVES
 from diffusion_rl.tasks.sudoku import SudokuTask
-from diffusion_rl.train import train
 
 from .helpers import compose_cfg
 from .released_layouts import write_checkpoint
@@ -42,7 +42,7 @@ def char_reward(prompts, completions, **_) -> list[float]:
 
 
 def objectives() -> list[str]:
-    import diffusion_rl.objectives as pkg
+    import diffusion_rl.rl.objectives as pkg
 
     discover(pkg.__name__, pkg.__path__)
     return OBJECTIVES.names()
@@ -60,7 +60,7 @@ def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monk
     extra.append(f"objective.mu={min(OBJECTIVES.get(objective).config_class().mu, 2)}")
     cfg = compose_cfg([f"model={PRESETS[arch]}", f"model.path={folder}", f"model.lora_r={lora}",
                        f"objective={objective}", *extra, *SMALL], tmp_path, tiny=False)
-    import diffusion_rl.train as train_mod
+    import diffusion_rl.app.train as train_mod
 
     captured = {}
     real = train_mod.DiffusionRLModule

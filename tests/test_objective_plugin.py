@@ -4,9 +4,9 @@ import csv
 import re
 import sys
 
-from diffusion_rl.conf_store import register_configs
-from diffusion_rl.registry import discover
-from diffusion_rl.train import train
+from diffusion_rl.app.conf_store import register_configs
+from diffusion_rl.app.train import train
+from diffusion_rl.core.registry import discover
 
 from .conftest import ROOT
 from .helpers import compose_cfg
@@ -22,8 +22,8 @@ def readme_example() -> tuple[str, str]:
 
 
 def test_readme_objective_registers_from_its_own_file_and_trains(tmp_path, monkeypatch):
-    import diffusion_rl.objectives as objectives
-    from diffusion_rl.objectives import OBJECTIVES
+    import diffusion_rl.rl.objectives as objectives
+    from diffusion_rl.rl.objectives import OBJECTIVES
 
     code, yaml = readme_example()
     assert len(code.strip().splitlines()) <= 30

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.objectives.base import agg_loss, kl_penalty
-from diffusion_rl.objectives.grpo import GRPOConfig, grpo_loss
+from diffusion_rl.rl.objectives.base import agg_loss, kl_penalty
+from diffusion_rl.rl.objectives.grpo import GRPOConfig, grpo_loss
 
 
 def _grpo(logp, old, adv, mask, eps, eps_high):

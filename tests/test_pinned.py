@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.models.policy import encode_prompts, logits_fn
-from diffusion_rl.rollout import RolloutEngine
+from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from diffusion_rl.tasks.sudoku import SudokuConfig, SudokuTask
-from diffusion_rl.train import build
 from diffusion_rl.training.warmstart import masked_diffusion_loss
 
 from .helpers import compose_cfg
@@ -124,7 +124,7 @@ def test_the_warm_start_never_masks_a_pinned_token(tiny_bundle):
 
 
 def test_the_d1_protocol_refuses_pinned_givens():
-    from diffusion_rl.evaluate import check_protocol
+    from diffusion_rl.app.evaluate import check_protocol
 
     with pytest.raises(ConfigError, match="task.pin_givens=True is invalid: eval.protocol=d1 scores the grid"):
         check_protocol("d1", SudokuTask(SudokuConfig(pin_givens=True)))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from diffusion_rl.report import build_report, find_runs, run_labels
+from diffusion_rl.report.build import build_report, find_runs, run_labels
 
 from .helpers import CONF
 
@@ -144,7 +144,7 @@ def test_cost_plots_and_table_when_runs_log_the_rollouts_cost(tmp_path):
 def test_single_run_panels_heldout_kl_entropy_smoothed_reward_and_no_constant_panel(tiny_run, tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    import diffusion_rl.report as report_mod
+    import diffusion_rl.report.build as report_mod
 
     figures = {}
     real_close = plt.close
@@ -189,7 +189,7 @@ def test_kl_panel_appears_with_a_reference_policy(tmp_path):
 
 
 def test_ema_is_debiased_and_smooths():
-    from diffusion_rl.report import ema
+    from diffusion_rl.report.build import ema
 
     assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0 at the start
     out = ema([0.0, 1.0] * 20, 0.9)
@@ -215,7 +215,7 @@ def seeded(tmp_path):
 def test_seeds_are_aggregated_with_mean_sd_bands_and_paired_bootstrap(seeded, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from diffusion_rl.report_groups import group_runs, paired_bootstrap
+    from diffusion_rl.report.groups import group_runs, paired_bootstrap
 
     figures = {}
     real_close = plt.close
@@ -252,7 +252,7 @@ def test_a_recorded_experiment_opens_with_its_intro_and_regenerates_it(multirun)
 
 
 def test_numbers_in_tables_stay_readable_when_a_gradient_explodes():
-    from diffusion_rl.report_runs import fmt
+    from diffusion_rl.report.runs import fmt
 
     assert fmt(0.8567) == "0.857" and fmt(984.4112) == "984.411" and fmt(6.974e18) == "6.97e+18"
     assert fmt(float("nan")) == "-" and fmt(None) == "-"

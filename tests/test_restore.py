@@ -9,8 +9,8 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.evaluate import evaluate_checkpoint
+from diffusion_rl.app.evaluate import evaluate_checkpoint
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.training.restore import check_architecture, config_from_checkpoint
 
 from .test_text_tasks import compose_eval

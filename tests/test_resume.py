@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import train
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.tasks.order import ResumableLoader
-from diffusion_rl.train import train
 from diffusion_rl.training.checkpoint import (
     atomic_save,
     resolve_checkpoint,

@@ -1,4 +1,4 @@
-"""The rollout engine (rollout.py): one scoring pass, the reward's loss mask and dynamic sampling (DAPO);
+"""The rollout engine (rl/rollout.py): one scoring pass, the reward's loss mask and dynamic sampling (DAPO);
 under every sampler option EGSPO's replay at theta = theta_old gives a step ratio of exactly 1, the
 sampler's log-probs ride on the rollout and its cost is logged."""
 
@@ -8,22 +8,23 @@ from dataclasses import dataclass, fields, replace
 import pytest
 import torch
 
-from diffusion_rl.advantages import ADVANTAGES
-from diffusion_rl.distributed import Shard
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build
+from diffusion_rl.core.distributed import Shard
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.heads import logits_outputs
 from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
 from diffusion_rl.models.tiny import TinyDiffusionLM
-from diffusion_rl.objectives.base import Rollout, StepContext
-from diffusion_rl.objectives.egspo import EGSPO, EGSPOConfig
-from diffusion_rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
-from diffusion_rl.rollout import RolloutEngine
+from diffusion_rl.rl.advantages import ADVANTAGES
+from diffusion_rl.rl.batch import Rollout
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.egspo import EGSPO, EGSPOConfig
+from diffusion_rl.rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
+from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
-from diffusion_rl.train import build
 
 from .helpers import compose_cfg
 from .test_egspo import TextTask  # a reward that depends on the text

@@ -98,7 +98,7 @@ def test_completion_mask_keeps_through_first_eos():
      ({"temperature": -1.0}, "sampler.temperature"), ({"remasking": "top"}, "sampler.remasking")],
 )
 def test_sampler_config_errors(kw, key):
-    from diffusion_rl.errors import ConfigError
+    from diffusion_rl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         SamplerConfig(**kw).validate()
@@ -214,7 +214,7 @@ def test_stop_after_eos_fills_the_remaining_blocks_without_forwards(tiny_bundle)
 
 
 def test_sampler_option_errors():
-    from diffusion_rl.errors import ConfigError
+    from diffusion_rl.core.errors import ConfigError
 
     for kw, key in [({"decode": "greedy"}, "sampler.decode"), ({"cache": "full"}, "sampler.cache"),
                     ({"decode": "threshold", "remasking": "random"}, "sampler.remasking"),

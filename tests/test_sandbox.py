@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.rewards import sandbox_harness as harness
-from diffusion_rl.rewards.sandbox import INIT, Program, Sandbox, SandboxConfig
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.sandbox import harness
+from diffusion_rl.sandbox.runner import INIT, Program, Sandbox, SandboxConfig
 
 from .conftest import ROOT
 

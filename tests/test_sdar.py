@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.staircase import staircase_logits, staircase_mask
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, logits_fn

@@ -1,4 +1,4 @@
-"""SPG (objectives/spg.py) and its block-wise masks (likelihood/spg_blocks.py): parity with a
+"""SPG (rl/objectives/spg.py) and its block-wise masks (likelihood/spg_blocks.py): parity with a
 transcription of the public code, the sandwich EUBO >= log p >= ELBO where it holds, invariants, configs.
 
 The reference functions below are written from facebookresearch/SPG @ a1c7120, ``spg/spg_trainer.py``
@@ -14,16 +14,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import forward_logps
 from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator, elbo_from_logps, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksConfig, SPGBlocksEstimator
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.objectives.base import StepContext
-from diffusion_rl.objectives.spg import SPG, SPGConfig, spg_loss
-from diffusion_rl.rollout import RolloutEngine
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.spg import SPG, SPGConfig, spg_loss
+from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling.sampler import completion_mask
-from diffusion_rl.train import build
 
 from .helpers import compose_cfg, rollout_of
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import (
     ELBOConfig,
     ELBOEstimator,
@@ -15,8 +15,8 @@ from diffusion_rl.likelihood.elbo import (
     sample_seeds,
 )
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.objectives.base import StepContext, agg_loss, kl_penalty
-from diffusion_rl.objectives.stabledrl import (
+from diffusion_rl.rl.objectives.base import StepContext, agg_loss, kl_penalty
+from diffusion_rl.rl.objectives.stabledrl import (
     StableDRL,
     StableDRLConfig,
     clip_bounds,
@@ -368,7 +368,7 @@ def test_spg_mix_surrogate_changes_only_nonpositive_advantages(tiny_bundle):
 
 
 def test_grpo_on_elbo_sequence_ratios(tmp_path, tiny_bundle):
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
 
     c = build(compose_cfg(["objective=grpo", "likelihood=elbo"], tmp_path))
     assert c.objective.likelihood.per_token is False
@@ -387,7 +387,7 @@ def test_grpo_on_elbo_sequence_ratios(tmp_path, tiny_bundle):
 
 
 def test_stabledrl_config_selects_elbo_and_command_line_wins(tmp_path):
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
 
     cfg = compose_cfg(["objective=stabledrl"], tmp_path)
     assert cfg.likelihood.name == "elbo" and cfg.objective.eps == 5.0
@@ -401,7 +401,7 @@ def test_stabledrl_config_selects_elbo_and_command_line_wins(tmp_path):
 
 
 def test_stabledrl_config_errors_name_the_key(tmp_path):
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
 
     for overrides, key in ((["objective.eps=-1"], "objective.eps"), (["objective.clip=soft"], "objective.clip"),
                            (["objective.normalize=batch"], "objective.normalize"),
@@ -413,7 +413,7 @@ def test_stabledrl_config_errors_name_the_key(tmp_path):
 
 def test_grpo_on_elbo_can_draw_fresh_masks(tmp_path, tiny_bundle):
     """share_masks_with_old is every objective's: GRPO on ELBO ratios sees the paper's noisy regime too."""
-    from diffusion_rl.objectives.grpo import GRPO, GRPOConfig
+    from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
 
     ro = make_rollout(tiny_bundle)
     net = tiny_bundle.net

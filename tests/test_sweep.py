@@ -8,10 +8,10 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.report import build_report
-from diffusion_rl.sweep import run_job
-from diffusion_rl.train import build
+from diffusion_rl.app.sweep import run_job
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.report.build import build_report
 
 from .helpers import CONF, TINY, compose_cfg
 
@@ -129,7 +129,7 @@ def test_joblib_launcher_runs_jobs_and_survives_a_failure(tmp_path):
 def test_noise_grid_composes_every_arm_in_the_papers_elbo_regime(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
 
     from .helpers import CONF
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.tasks.countdown import CountdownConfig, CountdownTask, generate_instances
 from diffusion_rl.tasks.sudoku import SudokuConfig, SudokuTask
 
@@ -67,8 +67,8 @@ def test_generated_tasks_draw_fresh_validation_items_and_keep_their_training_poo
 
 
 def test_warm_start_and_rl_read_the_training_split_only(tmp_path):
+    from diffusion_rl.app.train import build
     from diffusion_rl.tasks.base import TaskDataModule
-    from diffusion_rl.train import build
 
     from .helpers import compose_cfg
 

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
+from diffusion_rl.app.train import build_task
 from diffusion_rl.tasks import TASKS
-from diffusion_rl.train import build_task
 
 from .conftest import ROOT
 from .test_text_tasks import write_jsonl

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.evaluate import evaluate_checkpoint
+from diffusion_rl.app.evaluate import evaluate_checkpoint
+from diffusion_rl.app.train import build_task
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.tokenizer import CharTokenizer
 from diffusion_rl.rewards import safe_eval_arith, solve_countdown
 from diffusion_rl.tasks.countdown import canonical_solution, generate_instances, instance_key
-from diffusion_rl.train import build_task
 
 from .conftest import CONF, FIXTURES
 from .helpers import compose_cfg

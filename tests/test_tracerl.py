@@ -7,7 +7,7 @@ The reference below is written for this test from the public files (``train/rl_s
 ``collapse_k_unique``, ``make_basic_block_attention``, ``one_round_vectorized``,
 ``collect_training_data``, ``forward_process``; ``train/rl_llada.py``: ``prepare_inputs_and_labels_for_text``,
 ``forward_process``; ``reward/rl_reward.py``: ``z_score_normalize`` and the pass-rate filter), in the
-same tensor operations and order, and imports nothing of ``objectives/tracerl.py``.
+same tensor operations and order, and imports nothing of ``rl/objectives/tracerl.py``.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffusion_rl.advantages import ZScoreAdvantage, ZScoreConfig
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.likelihood.trace import NO_ROUND, round_rows, row_masks, trace_rounds
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
-from diffusion_rl.objectives.base import StepContext
-from diffusion_rl.objectives.tracerl import TraceRL, TraceRLConfig, tracerl_loss
+from diffusion_rl.rl.advantages import ZScoreAdvantage, ZScoreConfig
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.tracerl import TraceRL, TraceRLConfig, tracerl_loss
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.block import block_generate
 from diffusion_rl.sampling.sampler import completion_mask
@@ -587,8 +587,8 @@ def test_zscore_hand_computed_and_zero_std():
 
 
 def test_truncated_completions_can_be_scored_as_wrong(tmp_path):
-    from diffusion_rl.rollout import RolloutEngine
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
+    from diffusion_rl.rl.rollout import RolloutEngine
 
     c = build(compose_cfg(["objective=tracerl", "sampler.gen_length=24", "sampler.block_length=24"], tmp_path))
     items = c.task.splits.train[:2]
@@ -619,7 +619,7 @@ def test_nonsense_options_fail_in_one_line(override, key):
 
 
 def test_wrong_pieces_fail_at_start_up_in_one_line(tmp_path):
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
 
     for overrides, key in ((["likelihood=elbo"], "likelihood.name"), (["advantage=stepwise"], "advantage.name")):
         with pytest.raises(ConfigError) as err:
@@ -634,7 +634,7 @@ def test_wrong_pieces_fail_at_start_up_in_one_line(tmp_path):
 
 
 def test_the_yaml_selects_zscore_and_the_norm_follows_the_model(tmp_path):
-    from diffusion_rl.train import build
+    from diffusion_rl.app.train import build
 
     c = build(compose_cfg(["objective=tracerl"], tmp_path))
     assert c.advantage.cfg.name == "zscore" and c.objective.cfg.norm == "masked" and c.objective.cfg.beta == 0
@@ -677,7 +677,7 @@ def _losses_on(shard, mu=2):
 def _ddp_worker(rank, world, init_file, out_dir):
     import torch.distributed as dist
 
-    from diffusion_rl.distributed import Shard
+    from diffusion_rl.core.distributed import Shard
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -692,7 +692,7 @@ def test_two_processes_give_the_one_process_losses(tmp_path):
     cut from the global row list, the filter on every process's rewards."""
     import torch.multiprocessing as mp
 
-    from diffusion_rl.distributed import Shard
+    from diffusion_rl.core.distributed import Shard
 
     one = _losses_on(Shard())
     assert one[0][1] > 0 and one[1][1] > 0  # both updates train rows

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from diffusion_rl.objectives import OBJECTIVES
-from diffusion_rl.train import build, train
+from diffusion_rl.app.train import build, train
+from diffusion_rl.rl.objectives import OBJECTIVES
 
 from .helpers import compose_cfg
 
@@ -16,7 +16,7 @@ from .helpers import compose_cfg
 def test_tiny_run_end_to_end(tmp_path, objective, monkeypatch):
     cfg = compose_cfg([f"objective={objective}", "objective.mu=2"], tmp_path)
     captured = {}
-    import diffusion_rl.train as train_mod
+    import diffusion_rl.app.train as train_mod
 
     real_module = train_mod.DiffusionRLModule
 

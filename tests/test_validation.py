@@ -3,7 +3,7 @@
 import csv
 import json
 
-from diffusion_rl.train import train
+from diffusion_rl.app.train import train
 
 from .helpers import compose_cfg
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.training import loggers as loggers_mod
 from diffusion_rl.training.loggers import ResumePoint, WandbConfig, make_loggers, make_wandb_logger
 
@@ -40,7 +40,7 @@ def test_wandb_logger_offline_logs_metrics_samples_and_config(wandb_env, monkeyp
     import wandb
     from wandb.sdk.wandb_run import Run
 
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
 
     # wandb's offline store is a binary log only its service reads back: watch what reaches the run
     logged, seen = [], {}
@@ -206,7 +206,7 @@ def offline_run(folder, finished: bool = True):
 
 def test_a_resumed_run_rewinds_its_wandb_run_to_the_checkpoint(wandb_env, monkeypatch):
     pytest.importorskip("wandb")
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
     from diffusion_rl.training.faults import InjectedFault
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -252,7 +252,7 @@ def test_a_resumed_run_purges_the_tensorboard_events_after_the_checkpoint(tmp_pa
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
     from diffusion_rl.training.faults import InjectedFault
 
     run_dir = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""wd1 (objectives/wd1.py): parity with a transcription of the public loss, the group softmax weights,
+"""wd1 (rl/objectives/wd1.py): parity with a transcription of the public loss, the group softmax weights,
 invariants and configs.
 
 The reference below is written from xiaohangt/wd1 @ 0898985, ``wd1/trainers/rev_grpo_trainer.py``
@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.objectives.base import StepContext
-from diffusion_rl.objectives.wd1 import WD1, WD1Config, group_softmax_weights, wd1_loss
-from diffusion_rl.rollout import RolloutEngine
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.wd1 import WD1, WD1Config, group_softmax_weights, wd1_loss
+from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling.sampler import completion_mask
-from diffusion_rl.train import build
 
 from .helpers import compose_cfg
 
@@ -233,7 +233,7 @@ def test_one_run_without_the_old_policy(tmp_path):
     """A whole tiny run with ratio_diagnostic=false: it trains and logs no ratio."""
     import csv
 
-    from diffusion_rl.train import train
+    from diffusion_rl.app.train import train
 
     summary = train(compose_cfg(["objective=wd1", "objective.mu=2", "objective.ratio_diagnostic=false"], tmp_path),
                     tmp_path / "run")

@@ -4,6 +4,7 @@
 One file per estimator, registered by name and found by :func:`discover`.
 """
 
+from diffusion_rl.core.registry import discover
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,
@@ -11,7 +12,6 @@ from diffusion_rl.likelihood.base import (
     mask_seeds,
     rand_rows,
 )
-from diffusion_rl.registry import discover
 
 discover(__name__, __path__)
 

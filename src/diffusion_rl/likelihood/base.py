@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.registry import Registry
-from diffusion_rl.seeding import mix_seed
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.registry import Registry
+from diffusion_rl.core.seeding import mix_seed
 
 LIKELIHOODS: Registry[type[LikelihoodEstimator]] = Registry("likelihood.name")
 
@@ -86,7 +86,7 @@ class LikelihoodEstimator(ABC):
     def sampler_units(self, token_logp: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
         """A sampler's per-token log-probabilities of a completion (B, L) in this estimator's units:
         per token (B, L) here; sequence-level estimators reduce them as they reduce their own
-        (``objectives/behaviour.py`` says what is comparable)."""
+        (``rl/objectives/behaviour.py`` says what is comparable)."""
         if not self.per_token:
             raise NotImplementedError(f"{type(self).__name__} must say how a sampler's log-probs reduce to its units")
         return token_logp

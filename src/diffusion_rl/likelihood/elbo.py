@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,
@@ -53,7 +54,6 @@ from diffusion_rl.likelihood.base import (
     rand_rows,
     show_pinned,
 )
-from diffusion_rl.seeding import mix_seed
 
 _SAMPLE_SALT = 0xE1B0
 

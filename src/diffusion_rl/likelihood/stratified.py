@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import DTYPES, ModelConfig, PolicyForward
 
 

@@ -1,6 +1,6 @@
 """Build a policy by name: the registered builder, then the training options (dtype, LoRA, checkpointing).
 
-Every module of this package is imported first (:func:`~diffusion_rl.registry.discover`), so a new
+Every module of this package is imported first (:func:`~diffusion_rl.core.registry.discover`), so a new
 architecture is one file that registers its builder with ``@MODELS.register(name)``.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 import diffusion_rl.models as models_pkg
+from diffusion_rl.core.registry import discover
 from diffusion_rl.models.adapters import prepare_for_training
 from diffusion_rl.models.policy import MODELS, ModelConfig, PolicyBundle
-from diffusion_rl.registry import discover
 
 
 def discover_models() -> None:

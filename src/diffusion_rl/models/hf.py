@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.heads import head_outputs, logits_outputs
 from diffusion_rl.models.native import NATIVE, NativeDiffusionLM, NativeLM, load_tokenizer
 from diffusion_rl.models.policy import DTYPES, MODELS, ModelConfig, PolicyBundle

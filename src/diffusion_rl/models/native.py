@@ -35,7 +35,7 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.heads import HeadOutput, head_outputs
 from diffusion_rl.models.layers import KV, attention_inputs, rope_tables
 

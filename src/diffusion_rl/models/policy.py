@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.registry import Registry
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.registry import Registry
 
 MODELS: Registry[Callable[[ModelConfig], PolicyBundle]] = Registry("model.name")
 

@@ -17,7 +17,7 @@ positions come as a boolean 4D mask from our staircase estimator (docs/methods.m
 
 from __future__ import annotations
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.dream import QwenConfig, QwenStyleLM
 from diffusion_rl.models.native import register_native, unsupported
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diffusion_rl.rewards.answer import column, completion_text
-from diffusion_rl.rewards.sandbox import Program, Sandbox, SandboxConfig, SandboxResult
+from diffusion_rl.sandbox.runner import Program, Sandbox, SandboxConfig, SandboxResult
 
 CORRECT_REWARD = 1.0
 CACHE_SIZE = 4096

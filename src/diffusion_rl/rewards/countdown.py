@@ -15,7 +15,7 @@ Decisions (documented here because the papers leave them open):
 
 * **Unary minus and plus are allowed** (``-30+93+...``, ``+((43-92)+70)``): they cannot reuse or
   skip a number (d1's ``eval`` accepts both). ``**``, ``//``, ``%``, decimals, names and calls are
-  rejected (d1 accepts ``**``, ``//`` and decimals: ``rewards/d1_arith.py``).
+  rejected (d1 accepts ``**``, ``//`` and decimals: ``rewards/d1/arith.py``).
 * **LaTeX operators** inside a box are read as the prompt's operations: ``\\times`` and ``\\cdot``
   as ``*``, ``\\div`` as ``/`` (as d1's evaluation does).
 * **A trailing ``= target`` is stripped**: ``30+93-100 = 23`` is read as ``30+93-100`` when the

@@ -9,7 +9,7 @@
   number raised to a power (``5²``, ``5^2``, ``10^{3}``) is not read as its base or its exponent.
   ``strict_string=True`` compares the stripped answer text with the gold string exactly (``72.0``
   is wrong); it is *not* d1's rule (d1 reads the text after the last ``<answer>`` and keeps a gold's
-  commas): ``task.rewards=d1`` is (``rewards/d1_rewards.py``).
+  commas): ``task.rewards=d1`` is (``rewards/d1/rewards.py``).
 * The format terms follow d1's (``diffu-grpo/reward_func.py``, from Will Brown's GRPO demo) with the
   corrections below: ``xml_count_reward`` (<= 0.5), ``soft_format_reward`` and
   ``strict_format_reward`` (0.5 each), ``int_reward`` (0.5). ``GSM8K_D1_REWARDS`` sums them with

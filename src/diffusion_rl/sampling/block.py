@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.sampling.sampler import (
     CommitStats,

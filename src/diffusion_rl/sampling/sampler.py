@@ -41,7 +41,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.sampling.cache import step_logits
 
 Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (ids, attn) -> logits

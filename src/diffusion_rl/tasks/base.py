@@ -22,8 +22,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.registry import Registry
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.registry import Registry
 from diffusion_rl.rewards.answer import extract_answer
 from diffusion_rl.tasks.order import ResumableLoader
 
@@ -210,7 +210,7 @@ class Task(ABC):
         """``{metric: one-line definition}`` for every metric an evaluation of this task reports."""
         return {**self.metric_help, **{k: v for k, v in COMMON_METRICS.items() if k not in self.metric_help}}
 
-    # ---- evaluation protocol (``diffusion_rl.evaluate``); the defaults suit compact prompts --------
+    # ---- evaluation protocol (``diffusion_rl.app.evaluate``); the defaults suit compact prompts --------
     def use_tokenizer(self, tokenizer: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Give the policy's tokenizer to tasks whose prompts use its chat template."""
 

@@ -15,7 +15,7 @@ Prompts (``task.prompt_style``):
 
 Rewards (``task.rewards``): ``correct`` (1.0 when every test passes: the default, and pass@1 as the
 metric), ``tests`` (the fraction of tests passed). Programs run in the sandbox configured by
-``task.sandbox`` (``rewards/sandbox.py``); each completion's verdict (``passed``, ``reason``,
+``task.sandbox`` (``sandbox/runner.py``); each completion's verdict (``passed``, ``reason``,
 ``detail``, tests passed, seconds, captured output) goes to the generations files as ``sandbox``.
 
 Items carry the fields ``rewards/code.py`` reads: ``tests``, ``remote_names``, ``prompt_code``,
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffusion_rl.rewards import code as code_rewards  # module objects: see tasks/text.py
-from diffusion_rl.rewards.sandbox import REASONS, SandboxConfig
+from diffusion_rl.sandbox.runner import REASONS, SandboxConfig
 from diffusion_rl.tasks.base import RewardFn, TaskConfig
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig
 

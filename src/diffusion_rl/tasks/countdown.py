@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rewards import countdown as cd_rewards  # module object: see tasks/text.py
-from diffusion_rl.rewards import d1_rewards
+from diffusion_rl.rewards.d1 import rewards as d1_rewards
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue

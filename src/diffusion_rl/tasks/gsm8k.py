@@ -6,7 +6,7 @@ JSONL files in the same format (``task.train_data_path``, ``task.data_path``). T
 repeat a test question.
 
 Rewards (``task.rewards``): ``d1`` = d1's own five functions, quirks included
-(``rewards/d1_rewards.py``); ``d1_fixed`` (the default for chat prompts) = the same composite
+(``rewards/d1/rewards.py``); ``d1_fixed`` (the default for chat prompts) = the same composite
 corrected (``xml_count`` + ``soft_format`` + ``strict_format`` + ``int`` + ``correct``, at most 4.0;
 ``rewards/gsm8k.py`` lists the corrections); ``plain`` = ``correct`` (2.0 for the right number).
 ``task.strict_string=true`` makes ``correct`` compare the answer text with the gold string exactly
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from diffusion_rl.rewards import d1_rewards
 from diffusion_rl.rewards import gsm8k as gsm8k_rewards  # module object: see tasks/text.py
+from diffusion_rl.rewards.d1 import rewards as d1_rewards
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_rows, seeded_subset
 from diffusion_rl.tasks.text import TextTask, TextTaskConfig, format_catalogue

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.tasks.base import TASKS
 from diffusion_rl.tasks.code import EVALPLUS_INSTRUCTION, CodeTask, CodeTaskConfig
 

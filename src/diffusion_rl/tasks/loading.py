@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 
 OFFLINE_HINT = "offline? point task.data_path / task.train_data_path at local JSONL files"
 

@@ -13,7 +13,7 @@ and ``answer`` or ``solution``. Training items never repeat a test problem.
 Rewards (``task.rewards``): ``d1_fixed`` (the default for chat prompts) = ``format`` (0.5 for an
 ``<answer>`` holding a ``\\boxed{}``) + ``correct`` (2.0 when math-verify finds the answer equivalent
 to the gold); ``d1`` = d1's own two functions (string-normalised equality, and a format term of
-0.75 / 0.25 whose box test never passes: ``rewards/d1_rewards.py``); ``plain`` = ``correct``.
+0.75 / 0.25 whose box test never passes: ``rewards/d1/rewards.py``); ``plain`` = ``correct``.
 ``correct`` (training reward and the evaluation's ``accuracy`` alike) runs math-verify in a pool of
 ``task.verify_workers`` processes with ``task.verify_timeout_s`` per parse and check (10 s, measured
 so that no right MATH-500 answer is lost on a loaded machine: ``rewards/verify_pool.py``), so a
@@ -27,9 +27,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.rewards import d1_rewards, verify_pool
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rewards import math500 as math_rewards  # module object: see tasks/text.py
+from diffusion_rl.rewards import verify_pool
+from diffusion_rl.rewards.d1 import rewards as d1_rewards
 from diffusion_rl.tasks.base import TASKS, RewardFn
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, load_rows, seeded_subset
 from diffusion_rl.tasks.text import MATH_EXPERT, TextTask, TextTaskConfig, format_catalogue

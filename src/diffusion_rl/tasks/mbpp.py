@@ -21,7 +21,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.tasks.base import TASKS
 from diffusion_rl.tasks.code import EVALPLUS_INSTRUCTION, CodeTask, CodeTaskConfig
 from diffusion_rl.tasks.loading import load_hub, load_jsonl, seeded_subset

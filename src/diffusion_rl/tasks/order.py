@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from diffusion_rl.seeding import mix_seed
+from diffusion_rl.core.seeding import mix_seed
 
 _SALT = 0xDA7A
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diffusion_rl.errors import ConfigError
-from diffusion_rl.rewards import d1_rewards
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.rewards.d1 import rewards as d1_rewards
 from diffusion_rl.rewards.sudoku import (
     DIGITS,
     N_CELLS,

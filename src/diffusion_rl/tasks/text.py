@@ -19,7 +19,7 @@ Templates are ``str.format`` strings over the fields each task names in ``templa
 (literal braces doubled); an unknown field fails at start-up. Rewards: ``task.rewards`` is a
 preset (``auto``: ``d1`` for chat prompts, ``plain`` for compact ones) or a ``{name: weight}``
 mapping over the task's reward functions (:meth:`TextTask.reward_catalogue`). Presets: ``d1`` = d1's
-own reward functions, quirks included (``rewards/d1_rewards.py``); ``d1_fixed`` = the same terms
+own reward functions, quirks included (``rewards/d1/rewards.py``); ``d1_fixed`` = the same terms
 corrected (the default for chat prompts); ``plain`` = correctness only (compact prompts).
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rewards import gsm8k as gsm8k_rewards  # module objects: rewards import tasks.base
 from diffusion_rl.tasks.base import RewardFn, Task, TaskConfig
 

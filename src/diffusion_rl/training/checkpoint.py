@@ -43,7 +43,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

@@ -4,7 +4,7 @@ run logs.
 A spike is a pre-clip gradient norm above ``spike_factor`` x the median of the last ``window`` norms
 (only once the window holds ``min_history`` values). The tracker's state is plain data so
 checkpoints can carry it. :data:`SPEC_METRICS` is the set every run logs. Metrics need no merging
-across processes: the module computes them on the rows of every process (``distributed.py``). The
+across processes: the module computes them on the rows of every process (``core/distributed.py``). The
 Lightning side (when to update, logging, W&B tables) is ``training/callbacks.py``.
 """
 
@@ -15,7 +15,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 
 # docs/methods.md §6. train/kl exists only with a reference model (objective.beta > 0); weights/*
 # only for objectives with self-normalised weights (StableDRL).

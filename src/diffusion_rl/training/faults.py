@@ -30,7 +30,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from urllib.parse import urlparse
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from diffusion_rl.config import from_dict
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.config import from_dict
+from diffusion_rl.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

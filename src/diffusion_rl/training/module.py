@@ -2,7 +2,7 @@
 
 Per batch of prompts, ``training_step`` is four calls:
 1. :meth:`rollout`: ``G`` completions per prompt from the behaviour policy, scored, with advantages
-   (``diffusion_rl/rollout.py``, which knows nothing of Lightning);
+   (``diffusion_rl/rl/rollout.py``, which knows nothing of Lightning);
 2. :meth:`step_context`: what the objective needs (policy forwards; old values when cached);
 3. ``mu`` x :meth:`inner_update`: the objective's loss, backward, total gradient norm *before*
    clipping, clip, optimizer step. A non-finite loss or gradient skips the update, counts it in
@@ -16,7 +16,7 @@ from the same weights (``Objective.precompute_old``). Both give the same losses.
 reference policy (``beta > 0``) is the base model with the adapters switched off, not a copy.
 
 Data parallel (DDP, FSDP): every process reads the same prompts and keeps its contiguous share of the
-``prompts x G`` rows (``diffusion_rl/distributed.py``); rewards are gathered once, before the
+``prompts x G`` rows (``diffusion_rl/core/distributed.py``); rewards are gathered once, before the
 advantages, and the objective's loss and metrics are computed on the gathered rows, so every row of
 metrics is already global.
 
@@ -39,12 +39,13 @@ import lightning as L
 import torch
 from torch.utils.data import DistributedSampler
 
-from diffusion_rl.advantages import AdvantageEstimator
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.adapters import has_adapter, reference_logits_fn
 from diffusion_rl.models.policy import PolicyBundle, dropout_disabled, logits_fn
-from diffusion_rl.objectives.base import Objective, Rollout, StepContext
-from diffusion_rl.rollout import RolloutEngine
+from diffusion_rl.rl.advantages import AdvantageEstimator
+from diffusion_rl.rl.batch import Rollout
+from diffusion_rl.rl.objectives.base import Objective, StepContext
+from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
 from diffusion_rl.training.checkpoint import RUN_KEY, rng_state, set_rng_state
@@ -212,7 +213,7 @@ class DiffusionRLModule(L.LightningModule):
         self.sync_old_policy()
 
     def rollout(self, items: list[dict[str, Any]]) -> Rollout:
-        """Sample, score and compute advantages with the behaviour policy (``rollout.py``)."""
+        """Sample, score and compute advantages with the behaviour policy (``rl/rollout.py``)."""
         behaviour = self.old_policy if self.old_policy is not None else self.policy
         with gathered(behaviour):  # FSDP: the weights gathered once for every denoising step
             ro = self.rollouts(items, behaviour, self.rollout_count)
@@ -283,7 +284,7 @@ class DiffusionRLModule(L.LightningModule):
             if not bool(torch.isfinite(loss)):
                 return loss, metrics, math.nan
             # the loss is the global batch's on every process and strategies average gradients over
-            # processes, so scale by their number (distributed.py)
+            # processes, so scale by their number (core/distributed.py)
             self.manual_backward(loss * ctx.rollout.shard.world_size)
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         return loss, metrics, clip_grad_norm(self.trainable_parameters(), clip)  # pre-clip, over every shard

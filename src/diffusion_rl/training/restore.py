@@ -20,8 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from diffusion_rl.config import from_dict
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.config import from_dict
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import base_identity
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
 from diffusion_rl.training.checkpoint import (

@@ -43,7 +43,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STATE_DICT_TYPES = ("sharded", "full")
@@ -269,7 +269,7 @@ def broadcast_from_first(net: nn.Module, full_state: dict[str, torch.Tensor] | N
 
 def make_strategy(name: str, kwargs: dict[str, Any]) -> Any:
     """A Lightning strategy object (or its name when there is nothing to configure)."""
-    from diffusion_rl.config import from_dict
+    from diffusion_rl.core.config import from_dict
 
     if name == "fsdp":
         return FSDP2Strategy(from_dict(FSDPOptions, kwargs, "trainer.strategy_kwargs"))

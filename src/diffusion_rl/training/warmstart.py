@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffusion_rl.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import PolicyBundle, encode_prompts, logits_fn
 from diffusion_rl.training.checkpoint import atomic_save  # write, fsync, rename
 

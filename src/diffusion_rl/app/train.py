@@ -1,0 +1,341 @@
+"""``train(cfg)``: warm start, evaluate, RL with Lightning, evaluate again, write the summary.
+
+The Hydra entry point ``src/train.py`` composes the config and calls this; tests call it directly
+with a composed config. Returns the summary dict (also written to ``<run_dir>/summary.json``).
+Everything a user can get wrong (config values, data files, the checkpoint to resume) is checked
+before the first model work, so a mistake costs seconds and one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from diffusion_rl.core.config import from_dict
+from diffusion_rl.core.distributed import is_first_process
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood import LIKELIHOODS
+from diffusion_rl.models.build import base_identity, build_policy
+from diffusion_rl.models.policy import ModelConfig, PolicyBundle, check_cache_support
+from diffusion_rl.rl.advantages import ADVANTAGES, AdvantageEstimator
+from diffusion_rl.rl.objectives import OBJECTIVES, Objective
+from diffusion_rl.rl.rollout import RolloutConfig
+from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.sampling.block import check_block_sampler
+from diffusion_rl.tasks import TASKS, Task, TaskDataModule
+from diffusion_rl.training.callbacks import DiagnosticsCallback
+from diffusion_rl.training.checkpoint import (
+    AtomicCheckpointIO,
+    RunCheckpoint,
+    check_base,
+    continue_csv_log,
+    resolve_checkpoint,
+)
+from diffusion_rl.training.diagnostics import DiagnosticsConfig
+from diffusion_rl.training.evaluation import PeriodicEval, expected_warnings_silenced
+from diffusion_rl.training.faults import FaultConfig, FaultInjector
+from diffusion_rl.training.loggers import ResumePoint, check_loggers, finish_loggers, make_loggers
+from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
+from diffusion_rl.training.progress import RLProgressBar
+from diffusion_rl.training.strategy import make_strategy
+from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200  # optimizer steps (conf/trainer/default.yaml)
+    accelerator: str = "auto"
+    devices: Any = 1  # per node
+    num_nodes: int = 1  # torchrun --nnodes / SLURM --nodes (docs/real_models.md, "Several nodes")
+    strategy: str = "auto"
+    strategy_kwargs: dict[str, Any] = field(default_factory=dict)  # training/strategy.py (ddp, fsdp)
+    precision: str = "32-true"
+    checkpoint_every_n_steps: int = 50
+    # step checkpoints kept besides last.ckpt: the newest k (-1: every one, 0: none)
+    keep_last_k: int = 2
+    enable_progress_bar: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # passed to lightning.Trainer as is
+
+    def validate(self) -> None:
+        if self.max_steps < 1:
+            raise ConfigError("trainer.max_steps", self.max_steps, "must be >= 1")
+        if self.checkpoint_every_n_steps < 0:
+            raise ConfigError("trainer.checkpoint_every_n_steps", self.checkpoint_every_n_steps, "must be >= 0 (0 = only last)")
+        if self.keep_last_k < -1:
+            raise ConfigError("trainer.keep_last_k", self.keep_last_k, "must be >= -1 (-1 = every checkpoint, 0 = only last)")
+        if self.num_nodes < 1:
+            raise ConfigError("trainer.num_nodes", self.num_nodes, "must be >= 1")
+
+
+@dataclass
+class EvalConfig:
+    before: bool = True  # held-out metrics of the warm start
+    after: bool = True  # and of the trained policy
+    # and every n optimizer steps during RL, on the validation split (val/* in metrics.csv); 0 = never
+    every_n_steps: int = 50
+    batch_size: int = 256
+    # evaluate with the rollout sampler as it is (its remasking order and fewer-forward options: decode,
+    # cache, stop_after_eos); false: the exact low-confidence sampler of docs/methods.md §2, so runs
+    # with different rollout samplers share one protocol
+    fast_sampler: bool = False
+
+    def validate(self) -> None:
+        if self.every_n_steps < 0:
+            raise ConfigError("eval.every_n_steps", self.every_n_steps, "must be >= 0 (0 = only before and after)")
+        if self.batch_size < 1:
+            raise ConfigError("eval.batch_size", self.batch_size, "must be >= 1")
+
+
+@dataclass
+class PathsConfig:
+    cache_dir: str = "outputs/cache"  # warm-start checkpoints, keyed by config; relative to the launch folder
+
+
+OLD_POLICIES = ("copy", "cached")
+
+
+@dataclass
+class RunConfig:
+    """The root keys of ``conf/config.yaml`` (the config groups have their own dataclasses)."""
+
+    seed: int = 0
+    # behaviour policy: copy (a frozen copy) | cached (old values taken at rollout time, no copy)
+    old_policy: str = "copy"
+    ckpt_path: str | None = None  # resume: last | a run folder | a checkpoint file
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # stands in for the papers' SFT
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+    def validate(self) -> None:
+        if self.old_policy not in OLD_POLICIES:
+            raise ConfigError("old_policy", self.old_policy, f"allowed: {', '.join(OLD_POLICIES)}")
+
+
+def run_config(cfg: DictConfig, cls: type[RunConfig] = RunConfig) -> RunConfig:
+    """The root keys of a composed config as ``cls`` (validated); the config groups are left out."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return from_dict(cls, {k: v for k, v in cfg.items() if k in names}, "")
+
+
+@dataclass
+class Components:
+    task: Task
+    bundle: PolicyBundle
+    objective: Objective
+    advantage: AdvantageEstimator
+    sampler: SamplerConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    run: RunConfig
+
+
+def build_task(task_cfg: Any) -> Task:
+    cls = TASKS.get(task_cfg["name"])
+    return cls(from_dict(cls.config_class, task_cfg, "task"))
+
+
+def warm_start_key(cfg: DictConfig) -> dict[str, Any]:
+    """What besides ``warmstart.*`` shapes a warm start (its cache key): the model, the task's data, the seed."""
+    task = dict(OmegaConf.to_container(cfg.task, resolve=True))  # type: ignore[arg-type]
+    return {"model": OmegaConf.to_container(cfg.model, resolve=True),
+            "task": {k: v for k, v in task.items()
+                     if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")},
+            "seed": cfg.seed}
+
+
+def build(cfg: DictConfig, meta: bool = False) -> Components:
+    """Validate every config group and build the pieces; any bad value fails here, before work starts.
+
+    ``meta``: the policy's tensors on the ``meta`` device, no memory (an FSDP process other than the
+    first, which receives its shards from the first: ``training/strategy.py``)."""
+    task = build_task(cfg.task)
+    model_cfg = from_dict(ModelConfig, cfg.model, "model")
+    lik_cls = LIKELIHOODS.get(cfg.likelihood.name)
+    lik_cfg = from_dict(lik_cls.config_class, cfg.likelihood, "likelihood")
+    obj_cls = OBJECTIVES.get(cfg.objective.name)
+    obj_cfg = from_dict(obj_cls.config_class, cfg.objective, "objective")
+    adv_cls = ADVANTAGES.get(cfg.advantage.name)
+    advantage = adv_cls(from_dict(adv_cls.config_class, cfg.advantage, "advantage"))
+    sampler = from_dict(SamplerConfig, cfg.sampler, "sampler")
+    optim = from_dict(OptimConfig, cfg.optim, "optim")
+    trainer = from_dict(TrainerConfig, cfg.trainer, "trainer")
+    run = run_config(cfg)
+    if trainer.strategy == "fsdp" and run.old_policy == "copy":
+        raise ConfigError("old_policy", "copy", "trainer=fsdp takes old_policy=cached (the old values are taken at "
+                          "rollout time: no second, sharded model)")
+    bundle = build_policy(model_cfg, meta=meta)
+    task.use_tokenizer(bundle.tokenizer)  # chat prompts use the model's chat template
+    likelihood = lik_cls(lik_cfg, bundle.mask_token_id)
+    likelihood.bind(bundle)  # an estimator that depends on the model checks it here (staircase: a block model)
+    if bundle.block_size > 0:
+        check_block_sampler(sampler, bundle.block_size)
+    else:
+        check_cache_support(bundle.net, sampler.cache)
+    objective = obj_cls(obj_cfg, likelihood)
+    objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
+    objective.check_advantage(advantage.cfg.name)
+    return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
+
+
+def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    L.seed_everything(run_config(cfg).seed, workers=True, verbose=False)  # a bad root value fails here
+    first = is_first_process()
+    c = build(cfg, meta=cfg.trainer.strategy == "fsdp" and not first)  # FSDP: the first process loads the weights
+    fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
+    check_loggers(cfg)
+    datamodule = TaskDataModule(c.task, c.run.rollout.oversample)
+    datamodule.setup()  # reads the task's files: a missing file or a bad row stops here, in one line
+    test_items = datamodule.test_items()
+    # ckpt_path=last | a run folder | a file; a missing or corrupt one stops here, before any work
+    ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
+    progress = c.trainer.enable_progress_bar
+    diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
+    # the papers' evaluation protocol: low-confidence remasking on the exact schedule, whatever order and
+    # fewer-forward options the rollouts use (eval.fast_sampler=true: the rollouts' sampler as it is)
+    eval_sampler = c.sampler if c.run.eval.fast_sampler else replace(c.sampler.as_exact(), remasking="low_confidence")
+    ev = c.run.eval
+    periodic = PeriodicEval(c.task, test_items, eval_sampler, ev.batch_size, ev.every_n_steps, before=ev.before,
+                            after=ev.after, periodic_items=datamodule.validation_items(), progress=progress)
+    keep = c.trainer.keep_last_k if c.trainer.checkpoint_every_n_steps else 0
+    ckpt_cb = RunCheckpoint(  # the newest keep_last_k step checkpoints (by step) and last.ckpt
+        dirpath=run_dir / "checkpoints", save_last=True, save_top_k=keep, monitor="step" if keep > 0 else None,
+        mode="max", every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
+        auto_insert_metric_name=False, enable_version_counter=False,  # resume overwrites last.ckpt
+    )
+    with expected_warnings_silenced():
+        loggers = make_loggers(cfg, run_dir, ResumePoint(ckpt.global_step, ckpt.run.get("wandb_id")) if ckpt else None)
+        trainer = make_trainer(c, run_dir, loggers, [ckpt_cb, diagnostics, periodic] + ([RLProgressBar()] if progress else [])
+                               + ([FaultInjector(fault)] if fault.kind != "none" else []))
+        if ckpt is not None and first:  # resuming in this folder: keep the metric rows up to the checkpoint
+            continue_csv_log(loggers, ckpt.global_step)
+        # the run starts: everything above only checked the config
+        provenance = None
+        if c.run.warmstart.enabled and (first or c.trainer.strategy != "fsdp"):  # FSDP: the others receive it
+            provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, warm_start_key(cfg),
+                                    cfg.paths.cache_dir, progress)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance, "config": config}
+        base = base_identity(c.bundle, from_dict(ModelConfig, cfg.model, "model"), cfg.paths.cache_dir) if first else None
+        if ckpt is not None and first:
+            check_base(ckpt, base)
+        module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
+                                   old_policy=c.run.old_policy, oversample=c.run.rollout.oversample,
+                                   truncated_reward=c.run.rollout.truncated_reward)
+        module.warm_start, module.base = provenance, base
+        module.run_config = config  # type: ignore[assignment]
+        t_fit = time.perf_counter()
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
+        fit_s = time.perf_counter() - t_fit
+    peak = peak_host_memory_gib()
+    log.info("peak host memory of process %d: %.2f GiB", trainer.global_rank, peak)
+    if not trainer.is_global_zero:  # data parallel: the first process writes the summary
+        return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step), "peak_host_memory_gib": peak}
+    if periodic.before is not None:
+        summary["before"] = periodic.before
+    if periodic.after is not None:
+        summary["after"] = periodic.after
+        with open(run_dir / "eval_generations.jsonl", "w") as f:
+            for r in periodic.records:
+                f.write(json.dumps(r) + "\n")
+    summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
+                    "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
+                    "num_test_items": len(test_items), "metric_definitions": c.task.metric_definitions(),
+                    "validation": periodic.history,
+                    "fit_s": fit_s, "wall_s": time.perf_counter() - t_start, "peak_host_memory_gib": peak})
+    with open(run_dir / "summary.json", "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    finish_loggers(loggers, summary)
+    return summary
+
+
+def peak_host_memory_gib() -> float:
+    """This process's peak resident memory so far (what the OS counts, allocator caches included)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -> L.Trainer:
+    """The Lightning trainer; a value Lightning rejects (``trainer.precision=bf17``,
+    ``trainer.devices=abc``, ...) is a one-line :class:`ConfigError` (:func:`rejected_by_lightning`);
+    any other error propagates with its traceback."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    t = c.trainer
+    strategy = make_strategy(t.strategy, t.strategy_kwargs)  # its ConfigErrors name their own keys
+    try:
+        return L.Trainer(
+            max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
+            strategy=strategy,
+            precision=t.precision,  # type: ignore[arg-type]  # checked by Lightning, a bad value -> ConfigError below
+            logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()], enable_progress_bar=t.enable_progress_bar,
+            enable_model_summary=False, default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **t.extra,
+        )
+    except (MisconfigurationException, ValueError, TypeError) as err:
+        if not rejected_by_lightning(err):
+            raise
+        text = " ".join(str(err).split()) or type(err).__name__
+        key = next((k for k in ("devices", "precision", "strategy", "accelerator") if k in text.lower()), "extra")
+        raise ConfigError(f"trainer.{key}", getattr(t, key), f"rejected by Lightning: {text[:300]}") from None
+
+
+def rejected_by_lightning(err: BaseException) -> bool:
+    """Whether ``err`` is Lightning refusing a trainer argument: its ``MisconfigurationException``
+    (``accelerator=gpu`` without one), or the ValueError / TypeError its argument checks raise (a bad
+    precision, strategy name, node or device count, an unknown keyword in ``trainer.extra``), told by
+    being raised in Lightning's own code. Errors raised elsewhere (ours, torch's, a RuntimeError) are
+    not config errors."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if isinstance(err, MisconfigurationException):
+        return True
+    if isinstance(err, ConfigError) or not isinstance(err, (ValueError, TypeError)):
+        return False
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] in ("lightning", "lightning_fabric", "pytorch_lightning")
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A short human-readable report of a finished run."""
+    if summary.get("process"):  # a data-parallel worker: the first process reports
+        return f"process {summary['process']} done after {summary.get('optimizer_steps')} optimizer steps"
+    lines = ["", "=" * 60, "RL run summary"]
+    for phase in ("before", "after"):
+        if phase in summary:
+            vals = ", ".join(f"{k}={v:.4f}" for k, v in summary[phase].items())
+            lines.append(f"  held-out {phase:6s} RL: {vals}  ({summary.get('num_test_items', '?')} items)")
+    shown = list(summary.get("after") or summary.get("before") or {})
+    definitions = summary.get("metric_definitions") or {}
+    lines += [f"    {k}: {definitions[k]}" for k in shown if k in definitions]
+    g = summary.get("grad", {})
+    fmt = (lambda x: f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else str(x))
+    lines.append(f"  optimizer steps: {summary.get('optimizer_steps')}  rollouts: {summary.get('rollouts')}"
+                 f"  skipped updates: {summary.get('skipped_updates')}")
+    lines.append(f"  grad norm (pre-clip): mean={fmt(g.get('grad_norm_mean'))} max={fmt(g.get('grad_norm_max'))}"
+                 f" spikes={g.get('grad_spikes')}")
+    lines.append(f"  wall time: {summary.get('wall_s', 0):.1f} s")
+    lines.append(f"  run folder: {summary.get('run_dir')}")
+    lines.append("=" * 60)
+    return "\n".join(lines)
+
+
+__all__ = ["train", "build", "format_summary", "warm_start_key", "Components", "TrainerConfig", "EvalConfig", "RunConfig"]

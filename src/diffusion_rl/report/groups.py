@@ -1,0 +1,183 @@
+"""Seeds aggregated: the conditions of a multirun (its runs' overrides but ``seed``), their mean and
+spread per optimizer step, a table of mean +- sd over seeds, and paired bootstrap confidence
+intervals of each condition's test accuracy against a reference condition (``report.py`` uses this
+whenever a condition has more than one seed).
+
+The bootstrap pairs runs by seed and test items by position (a seed's runs answer the same test
+items in the same order), resamples the items of each seed with replacement, and reports the 2.5 and
+97.5 percentiles of the mean per-item difference ("paired": the item-to-item variation that both
+conditions share cancels).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from diffusion_rl.report.runs import (
+    FINAL_WINDOW,
+    RAW_ALPHA,
+    RunData,
+    ema,
+    finish_axes,
+    fmt,
+    parse_overrides,
+    pyplot,
+)
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def condition(run: RunData, keys: list[str]) -> str:
+    """The run's label without its seed: the overrides of ``keys`` (those that differ between runs)."""
+    parsed = parse_overrides(run.overrides)
+    short = {k: k.lstrip("+~").rsplit(".", 1)[-1] for k in keys}
+    return ",".join(f"{short[k]}={parsed[k]}" for k in keys if k in parsed) or "all runs"
+
+
+def group_runs(runs: list[RunData]) -> dict[str, list[RunData]]:
+    """Runs grouped by condition (every differing override but ``seed``), in first-seen order."""
+    parsed = [parse_overrides(r.overrides) for r in runs]
+    keys = list(dict.fromkeys(k for p in parsed for k in p))
+    differing = [k for k in keys if len({p.get(k) for p in parsed}) > 1 and k.lstrip("+~") != "seed"]
+    out: dict[str, list[RunData]] = {}
+    for r in runs:
+        out.setdefault(condition(r, differing), []).append(r)
+    return out
+
+
+def has_seeds(groups: dict[str, list[RunData]]) -> bool:
+    return any(len(rs) > 1 for rs in groups.values())
+
+
+def per_step(runs: list[RunData], metric: str, smooth: float | None = None) -> tuple[list[int], list[list[float]]]:
+    """Steps logged by every run, and at each the runs' values (each run smoothed first if asked)."""
+    series = []
+    for r in runs:
+        pts = sorted(dict(r.metrics.get(metric, [])).items())
+        if not pts:
+            continue
+        vals = ema([v for _, v in pts], smooth) if smooth else [v for _, v in pts]
+        series.append(dict(zip([s for s, _ in pts], vals)))
+    if not series:
+        return [], []
+    steps = sorted(set.intersection(*(set(s) for s in series)))
+    return steps, [[s[t] for s in series] for t in steps]
+
+
+def plot_grouped(groups: dict[str, list[RunData]], metric: str, title: str, path: Path, log_y: bool = False,
+                 smooth: float | None = None, hline: float | None = None, ylabel: str | None = None) -> bool:
+    """Mean over seeds (line) and their range (band), one colour per condition."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    cmap = plt.get_cmap("tab20" if len(groups) > 10 else "tab10")
+    drawn = False
+    for i, (name, runs) in enumerate(groups.items()):
+        steps, vals = per_step(runs, metric, smooth)
+        if not steps:
+            continue
+        color = cmap(i % cmap.N)
+        mean = [statistics.fmean(v) for v in vals]
+        ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=RAW_ALPHA, lw=0)
+        ax.plot(steps, mean, "-", color=color, lw=1.8, label=f"{name} (n={len(runs)})")
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    if hline is not None:
+        ax.axhline(hline, color="black", ls=":", lw=1, label=f"clip threshold {hline:g}")
+    if log_y:
+        ax.set_yscale("log")
+    finish_axes(fig, ax, path, ylabel or metric, title + " (line: mean over seeds; band: their range)")
+    plt.close(fig)
+    return True
+
+
+def _mean_sd(values: list[float]) -> str:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
+
+
+def grouped_table(groups: dict[str, list[RunData]]) -> str:
+    """Mean ± sd over seeds per condition: held-out accuracy, its gain, spikes, gradient norms, clipping."""
+    keys = {r.stats["acc_key"] for rs in groups.values() for r in rs if r.stats.get("acc_key")}
+    acc = keys.pop() if len(keys) == 1 else "accuracy"
+    head = ["condition", "seeds ok", f"test {acc} before", f"test {acc} after", "gain", "grad spikes",
+            "max grad norm", "ratio clipped (high)", f"final reward (last {FINAL_WINDOW})"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, runs in groups.items():
+        ok = [r for r in runs if not r.failed]
+        st = [r.stats for r in ok]
+        clip = [statistics.fmean(v for _, v in r.metrics["ratio/clip_frac_high"]) for r in ok
+                if r.metrics.get("ratio/clip_frac_high")]
+        lines.append("| " + " | ".join([
+            name, f"{len(ok)}/{len(runs)}", _mean_sd([s["acc_before"] for s in st]), _mean_sd([s["acc_after"] for s in st]),
+            _mean_sd([s["acc_after"] - s["acc_before"] for s in st]), _mean_sd([float(s["spikes"]) for s in st]),
+            fmt(max((s["max_grad_norm"] for s in st), default=math.nan)), _mean_sd(clip),
+            _mean_sd([s["final_reward"] for s in st])]) + " |")
+    return "\n".join(lines)
+
+
+def item_scores(run: RunData) -> list[float] | None:
+    """Per-item reward of the after-RL test evaluation (``eval_generations.jsonl``), in test order."""
+    path = run.path / "eval_generations.jsonl"
+    if not path.exists():
+        return None
+    return [float(json.loads(line)["reward"]) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_seed(run: RunData) -> str:
+    cfg = (run.summary or {}).get("config") or {}
+    return str(cfg.get("seed", parse_overrides(run.overrides).get("seed", "0")))
+
+
+def paired_bootstrap(a: list[RunData], b: list[RunData], scores: Callable[[RunData], list[float] | None] = item_scores,
+                     resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float, float, int] | None:
+    """Mean per-item difference (a - b) over the seeds both ran, and its 95% bootstrap interval;
+    None when no seed has item scores in both."""
+    by_seed_a = {run_seed(r): scores(r) for r in a if not r.failed}
+    by_seed_b = {run_seed(r): scores(r) for r in b if not r.failed}
+    diffs = []
+    for s in sorted(set(by_seed_a) & set(by_seed_b)):
+        xa, xb = by_seed_a[s], by_seed_b[s]
+        if xa and xb and len(xa) == len(xb):
+            diffs.append([u - v for u, v in zip(xa, xb)])
+    if not diffs:
+        return None
+    rng = random.Random(seed)
+    mean = statistics.fmean(d for per in diffs for d in per)
+    boots = []
+    for _ in range(resamples):
+        total = count = 0.0
+        for per in diffs:  # resample each seed's items, keep the seeds
+            sample = rng.choices(per, k=len(per))
+            total, count = total + sum(sample), count + len(sample)
+        boots.append(total / count)
+    boots.sort()
+    return mean, boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1], len(diffs)
+
+
+def bootstrap_table(groups: dict[str, list[RunData]], reference: str | None = None) -> str:
+    """Each condition's test score minus the reference condition's (first by default), paired."""
+    names = list(groups)
+    ref = reference if reference in groups else names[0]
+    lines = [f"Paired bootstrap ({BOOTSTRAP_RESAMPLES} resamples of the test items within each seed) of the "
+             f"after-RL per-item test reward, each condition minus `{ref}`:", "",
+             "| condition | seeds paired | mean difference | 95% interval |", "|---|---|---|---|"]
+    for name in names:
+        if name == ref:
+            continue
+        res = paired_bootstrap(groups[name], groups[ref])
+        if res is None:
+            lines.append(f"| {name} | 0 | - | - |")
+        else:
+            mean, lo, hi, n = res
+            lines.append(f"| {name} | {n} | {mean:+.4f} | [{lo:+.4f}, {hi:+.4f}] |")
+    return "\n".join(lines)

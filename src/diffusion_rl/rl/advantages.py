@@ -1,0 +1,214 @@
+"""Advantage estimators: rewards of a rollout batch -> advantages, registered by name (``advantage=``).
+
+Every estimator sees the rewards of the *whole* batch ``(N,)`` (prompt-major: rows ``g*G .. g*G+G-1``
+share prompt ``g``; gathered from every process under data parallelism) and returns advantages of
+the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``):
+
+- ``group``:     ``A_j = r_j - mean_G(r)``                       (docs/methods.md §4; Dr. GRPO's
+  unscaled form)
+- ``group_std``: ``A_j = (r_j - mean_G(r)) / (std_G(r) + eps)``  (d1 / TRL's default; the unbiased std)
+- ``loo``:       ``A_j = r_j - mean_{k != j} r_k = G / (G - 1) (r_j - mean_G(r))``   (RLOO)
+- ``zscore``:    ``A_j = (r_j - mean_G(r)) / std_G(r)`` with the *population* std, and ``A = 0`` for a
+  group whose std is below ``zero_std`` (TraceRL's ``z_score_normalize``, ``reward/rl_reward.py``)
+- ``per_token``: per-cell credit, GRPO's group normalisation applied to each token position. With
+  ``r_ji`` the reward token ``i`` of sample ``j`` earned itself (``Task.token_rewards``, summing to
+  ``r_j``), ``A_ji = (r_ji - mean_G(r_.i)) / (std_G(r_.i) + eps)``: each token is compared with the
+  group's tokens at its position. For a policy that draws the tokens independently given the prompt
+  (d1's one-step view) the centred credit is an unbiased, lower-variance policy gradient of the same
+  reward; under the iterative sampler it ignores how a token changes the distribution of the others.
+  A position whose tokens all earned the same (a Sudoku given, EOS, a cell every sample got right)
+  gets no advantage: anchor what must not drift with the KL term.
+- ``stepwise``:  EGSPO-SA (docs/methods.md §4). With ``V_jk`` the reward of the greedy one-step
+  completion at sample ``j``'s ``k``-th selected step, ``R_jk = (1 + lam) r_j - lam V_jk``
+  (``/ (1 + lam)`` when ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k``
+  (``/ (std + eps)`` when ``std_scale``). ``lam = 0`` gives ``group`` / ``group_std`` for every
+  slot.
+
+An estimator with ``needs_values = True`` asks the rollout for the values ``V`` (the sampler then
+records greedy completions and the rollout scores them in the same pass as the final completions).
+Objectives declare which estimators they accept (``Objective.advantages``); a mismatch fails at
+start-up in one line. Pure tensor code: no Lightning, no model.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.registry import Registry
+
+ADVANTAGES: Registry[type[AdvantageEstimator]] = Registry("advantage.name")
+
+
+@dataclass
+class AdvantageConfig:
+    name: str = "group_std"  # the default of every objective but egspo_sa (d1 and TRL scale by the std)
+    eps: float = 1e-4  # added to the group's std before dividing (group_std, stepwise with std_scale)
+
+    def validate(self) -> None:
+        if not self.eps > 0:
+            raise ConfigError("advantage.eps", self.eps, "must be > 0")
+
+
+class AdvantageEstimator(ABC):
+    """Subclasses register with ``@ADVANTAGES.register(name)`` and set ``config_class``."""
+
+    config_class: type[AdvantageConfig] = AdvantageConfig
+    needs_values: bool = False  # True: needs V, the rewards of greedy one-step completions (N, K)
+    needs_token_rewards: bool = False  # True: needs each token's own reward (N, L), Task.token_rewards
+
+    def __init__(self, cfg: AdvantageConfig):
+        cfg.validate()
+        self.cfg = cfg
+
+    @abstractmethod
+    def __call__(self, rewards: torch.Tensor, group_size: int, values: torch.Tensor | None = None,
+                 valid: torch.Tensor | None = None,
+                 token_rewards: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Advantages of all rows, (N,), (N, K) or (N, L), and metrics to log.
+
+        rewards (N,); values (N, K) and valid (N, K) bool (the slots holding a selected step) only
+        for estimators with ``needs_values``; token_rewards (N, L) only with ``needs_token_rewards``.
+        """
+
+
+def centred(rewards: torch.Tensor, group_size: int, std_eps: float | None = None) -> torch.Tensor:
+    """``r - mean_G(r)``, divided by ``std_G(r) + std_eps`` unless ``std_eps`` is None. (N,) -> (N,)
+
+    The std is the unbiased one (``torch.std``), as d1 and TRL compute it.
+    """
+    r = rewards.float().view(-1, group_size)  # (N/G, G)
+    adv = r - r.mean(-1, keepdim=True)
+    if std_eps is not None:
+        adv = adv / (r.std(-1, keepdim=True) + std_eps)
+    return adv.reshape(-1)
+
+
+@dataclass
+class GroupConfig(AdvantageConfig):
+    name: str = "group"
+
+
+@ADVANTAGES.register("group")
+class GroupAdvantage(AdvantageEstimator):
+    config_class = GroupConfig
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        return centred(rewards, group_size), {}
+
+
+@ADVANTAGES.register("group_std")
+class GroupStdAdvantage(AdvantageEstimator):
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        return centred(rewards, group_size, self.cfg.eps), {}
+
+
+@dataclass
+class LOOConfig(AdvantageConfig):
+    name: str = "loo"
+
+
+@ADVANTAGES.register("loo")
+class LeaveOneOutAdvantage(AdvantageEstimator):
+    config_class = LOOConfig
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        return centred(rewards, group_size) * (group_size / (group_size - 1)), {}
+
+
+@dataclass
+class ZScoreConfig(AdvantageConfig):
+    name: str = "zscore"
+    # a group whose population std is below this counts as std 0 and gets A = 0 (TraceRL: `if std == 0`;
+    # float rewards that agree up to rounding would otherwise divide rounding noise by itself). `eps`
+    # is not used: the public code adds nothing to the std
+    zero_std: float = 1e-6
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.zero_std > 0:
+            raise ConfigError("advantage.zero_std", self.zero_std, "must be > 0")
+
+
+def zscores(rewards: torch.Tensor, group_size: int, zero_std: float) -> torch.Tensor:
+    """``(r - mean_G) / std_G`` with the population std, 0 in a group whose std is below ``zero_std``;
+    in float64, as the public code's Python floats. (N,) -> (N,) float32"""
+    r = rewards.double().view(-1, group_size)  # (N/G, G)
+    centred = r - r.mean(-1, keepdim=True)
+    std = centred.pow(2).mean(-1, keepdim=True).sqrt()  # (N/G, 1) population std
+    flat = std < zero_std
+    return torch.where(flat, 0.0, centred / torch.where(flat, 1.0, std)).reshape(-1).float()
+
+
+@ADVANTAGES.register("zscore")
+class ZScoreAdvantage(AdvantageEstimator):
+    config_class = ZScoreConfig
+    cfg: ZScoreConfig
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        return zscores(rewards, group_size, self.cfg.zero_std), {}
+
+
+@dataclass
+class PerTokenConfig(AdvantageConfig):
+    name: str = "per_token"
+
+
+@ADVANTAGES.register("per_token")
+class PerTokenAdvantage(AdvantageEstimator):
+    config_class = PerTokenConfig
+    needs_token_rewards = True
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        if token_rewards is None:
+            raise ValueError("advantage=per_token needs each token's reward (N, L)")
+        G = group_size
+        tr = token_rewards.float().view(-1, G, token_rewards.shape[-1])  # (N/G, G, L)
+        adv = (tr - tr.mean(1, keepdim=True)) / (tr.std(1, keepdim=True) + self.cfg.eps)  # (N/G, G, L)
+        adv = adv.reshape(token_rewards.shape)  # (N, L)
+        return adv, {"advantage/credited_token_frac": float((token_rewards != 0).float().mean())}
+
+
+@dataclass
+class StepwiseConfig(AdvantageConfig):
+    name: str = "stepwise"
+    lam: float = 0.5  # weight of the greedy-completion value baseline (the EGSPO-SA paper's 0.5)
+    normalize_returns: bool = True  # divide R_k by (1 + lam)
+    std_scale: bool = True  # divide each slot's centred returns by their group std + eps
+
+    def validate(self) -> None:
+        super().validate()
+        if self.lam < 0:
+            raise ConfigError("advantage.lam", self.lam, "must be >= 0")
+
+
+def stepwise_returns(rewards: torch.Tensor, values: torch.Tensor, lam: float, normalize: bool) -> torch.Tensor:
+    """``R_k = (1 + lam) r - lam V_k`` (``/ (1 + lam)`` if ``normalize``). (N,), (N, K) -> (N, K)"""
+    R = (1 + lam) * rewards[:, None] - lam * values
+    return R / (1 + lam) if normalize else R
+
+
+@ADVANTAGES.register("stepwise")
+class StepwiseAdvantage(AdvantageEstimator):
+    config_class = StepwiseConfig
+    cfg: StepwiseConfig
+    needs_values = True
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        if values is None:
+            raise ValueError("advantage=stepwise needs the greedy-completion values V (N, K)")
+        c = self.cfg
+        returns = stepwise_returns(rewards.float(), values, c.lam, c.normalize_returns)  # (N, K)
+        eps = c.eps if c.std_scale else None
+        adv = torch.stack([centred(returns[:, k], group_size, eps) for k in range(returns.shape[1])], 1)
+        v = torch.ones_like(values, dtype=torch.bool) if valid is None else valid.bool()
+        n = v.sum().clamp_min(1)
+        metrics = {
+            "egspo_sa/value_mean": float(torch.where(v, values, 0).sum() / n),
+            "egspo_sa/reward_minus_value": float(torch.where(v, rewards.float()[:, None] - values, 0).sum() / n),
+            "egspo_sa/adv_std": float(adv[v].std()) if int(v.sum()) > 1 else 0.0,
+        }
+        return adv, metrics

@@ -1,0 +1,329 @@
+"""What every objective shares: one policy-loss signature, the step context and
+the helpers every loss uses (``kl_penalty``, ``agg_loss``, ``ratio_metrics``; verl's ``core_algos``).
+
+An objective turns one rollout batch into a scalar loss for one inner update, in three parts:
+
+1. :meth:`Objective.score` asks the likelihood estimator for ``log pi`` *units* of the rollout's
+   samples under one policy: ``(n, U)`` with a mask of the units that count (``U`` = completion
+   tokens for d1's one-step estimator, 1 for a sequence ELBO, the selected denoising steps for EGSPO);
+2. the objective's **policy loss**, a pure function of tensors with one signature for every objective::
+
+       loss_fn(logp, old_logp, advantages, mask, cfg, *, group_size, surrogate=None) -> (loss, metrics)
+
+   ``logp`` (B, U) with gradients, ``old_logp`` (B, U) of the behaviour policy (``None`` for a
+   ratio-free objective that did not score it, :meth:`Objective.needs_old_values`), ``advantages`` (B, U)
+   or (B, 1), ``mask`` (B, U), ``cfg`` the objective's config, ``group_size`` G (rows ``g*G..g*G+G-1``
+   share a prompt), ``surrogate`` (B, U) a term that carries the gradient in place of ``logp`` (only
+   StableDRL's ``spg_mix`` passes one; the others ignore it);
+3. the shared KL penalty ``beta * agg_loss(kl_penalty(logp_units, ref_units), mask, kl_agg)`` to the
+   reference policy (the warm start), on the units :meth:`score` gives for it (:meth:`Objective.kl_term`;
+   a method with its own KL form overrides that one method);
+4. the sampler's own log-probability of the rollout in the same units (:meth:`Objective.sampler_units`):
+   ``rollout/mismatch_log_ratio`` against the behaviour values, and, with
+   ``objective.behaviour_correction=tis``, truncated importance weights on the advantages
+   (``rl/objectives/behaviour.py``), so every objective gets the correction through this template.
+
+Every tensor the loss sees is gathered from all processes (``rollout.shard.gather``), so the loss is
+the global batch's on every process (``diffusion_rl/core/distributed.py``). Objectives know nothing of
+Lightning. The behaviour policy's values come from :meth:`Objective.old_values`, which the module
+either calls during each inner update with a frozen copy of the policy (``old_policy=copy``) or for
+every inner iteration right after the rollout, while the policy still *is* the behaviour policy
+(``old_policy=cached``: no second model); :meth:`Objective.behaviour` reads whichever applies.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.registry import Registry
+from diffusion_rl.likelihood.base import mask_seeds
+from diffusion_rl.rl.batch import Rollout
+from diffusion_rl.rl.objectives.behaviour import (
+    BEHAVIOUR_CORRECTIONS,
+    mismatch_metrics,
+    tis_weights,
+)
+from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+
+OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
+
+Forward = Callable[..., torch.Tensor]  # (ids, attention_mask[, position_ids]) -> logits (B, T, V)
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+_FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share_masks_with_old=false)
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = "grpo"
+    # inner updates per rollout batch (d1: up to 12, StableDRL: 2); on the embedded Sudoku job one
+    # update per rollout did at least as well as 2-4
+    mu: int = 1
+    # weight of the k3 KL to the reference policy, the warm start (d1: 0.04; 0 holds no reference
+    # model). The Sudoku reward ignores the given cells: without this anchor their copying drifts
+    beta: float = 0.04
+    # objectives whose estimator draws random masks (one_step with prompt masking, elbo, staircase):
+    # true scores the old and the new policy on the same masks, so the log-ratio is exactly 0 at
+    # theta = theta_old; false draws fresh masks for the new policy, the StableDRL code's regime of
+    # largest ratio noise (docs/methods.md §3)
+    share_masks_with_old: bool = True
+    # rollouts from an approximate sampler (sampler.cache, ...): none | tis (truncated importance
+    # weights min(pi_old / q_sampler, tis_cap) per unit of the ratio; rl/objectives/behaviour.py)
+    behaviour_correction: str = "none"
+    tis_cap: float = 2.0  # the cap of autoregressive RL's TIS (Yao et al. 2025)
+
+    def validate(self) -> None:
+        if self.mu < 1:
+            raise ConfigError("objective.mu", self.mu, "must be >= 1")
+        if self.beta < 0:
+            raise ConfigError("objective.beta", self.beta, "must be >= 0")
+        if self.behaviour_correction not in BEHAVIOUR_CORRECTIONS:
+            raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
+                              f"allowed: {', '.join(BEHAVIOUR_CORRECTIONS)}")
+        if not self.tis_cap >= 1:
+            raise ConfigError("objective.tis_cap", self.tis_cap, "must be >= 1")
+
+
+@dataclass
+class Scores:
+    """Log-likelihood units of the rollout's samples under one policy (what :meth:`Objective.score` gives)."""
+
+    logp: torch.Tensor  # (n, U) units of the ratio (tokens, sequences or steps)
+    mask: torch.Tensor  # (n, U) 1 = a unit that counts
+    kl_logp: torch.Tensor | None = None  # (n, ..., M) units of the KL penalty; None: logp
+    kl_mask: torch.Tensor | None = None  # its mask; None: mask
+    surrogate: torch.Tensor | None = None  # (n, U) carries the gradient instead of logp (spg_mix)
+
+    def kl_units(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kl_logp is None:
+            return self.logp, self.mask
+        return self.kl_logp, self.mask if self.kl_mask is None else self.kl_mask
+
+
+@dataclass
+class StepContext:
+    """What an objective may use for one inner update."""
+
+    rollout: Rollout
+    inner_iter: int
+    run_seed: int
+    policy: Forward  # with gradients
+    old_policy: Forward | None  # frozen behaviour policy (None with old_policy=cached)
+    ref_policy: Forward | None  # frozen reference policy (beta > 0)
+    cache: dict[str, Any] = field(default_factory=dict)  # per-rollout memo shared across inner iters
+    old_values: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed old_values()
+
+
+# ---- shared loss helpers ----------------------------------------------------------------
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """The k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` per unit (>= 0, unbiased for KL(pi || ref))."""
+    d = ref_logp.detach() - logp
+    return torch.exp(d) - d - 1
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp_min(1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
+
+
+def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str = "seq-mean-token-mean") -> torch.Tensor:
+    """Reduce per-unit values ``(B, ..., U)`` to a scalar.
+
+    ``token-mean``: mean over every unit that counts; ``seq-mean-token-mean``: mean over each row's
+    units (the last dimension), then over rows (d1, GRPO's ``1/|o|``); ``seq-mean-token-sum``: sum
+    over each row's units, mean over rows. Units outside ``mask`` never count, whatever they hold.
+    """
+    m = mask.to(values.dtype)
+    v = torch.where(mask.bool(), values, torch.zeros_like(values))
+    if mode == "token-mean":
+        return v.sum() / m.sum().clamp_min(1)
+    if mode == "seq-mean-token-mean":
+        return (v.sum(-1) / m.sum(-1).clamp_min(1)).mean()
+    if mode == "seq-mean-token-sum":
+        return v.sum(-1).mean()
+    raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGG_MODES)}")
+
+
+def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, clipped_low: torch.Tensor,
+                  clipped_high: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``ratio/log_mean|log_std|log_min|log_max`` over the units that count, and the fractions of
+    them clipped below / above (``ratio/clip_frac_low|high``). All (B, U); detached."""
+    with torch.no_grad():
+        m = mask.bool()
+        vals = log_ratio.detach()[m] if bool(m.any()) else log_ratio.new_zeros(1)
+        return {
+            "ratio/log_mean": vals.mean(),
+            "ratio/log_std": vals.std() if vals.numel() > 1 else vals.new_zeros(()),
+            "ratio/log_min": vals.min(),
+            "ratio/log_max": vals.max(),
+            "ratio/clip_frac_low": masked_mean(clipped_low.float(), mask.float()),
+            "ratio/clip_frac_high": masked_mean(clipped_high.float(), mask.float()),
+        }
+
+
+def as_units(advantages: torch.Tensor) -> torch.Tensor:
+    """Per-sample advantages (B,) as (B, 1), which broadcasts over a sample's units; (B, U) unchanged."""
+    return advantages[:, None] if advantages.dim() == 1 else advantages
+
+
+# ---- the objective ----------------------------------------------------------------------
+class Objective(ABC):
+    """Subclasses register with ``@OBJECTIVES.register(name)``, set ``config_class`` and
+    ``policy_loss`` (their pure loss function) and implement :meth:`score`."""
+
+    config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
+    policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
+    # advantage estimators (rl/advantages.py) whose output this objective can use
+    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
+    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL)
+    kl_agg: ClassVar[str] = "seq-mean-token-mean"  # how the KL units reduce to the penalty
+
+    def __init__(self, cfg: ObjectiveConfig, likelihood):
+        cfg.validate()
+        self.cfg = cfg
+        self.likelihood = likelihood
+
+    def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
+        """Check the objective fits the policy (a :class:`PolicyBundle`) and read what it needs from it
+        (TraceRL: whether the model is a block model). Called once at build time, before any work."""
+
+    def check_advantage(self, name: str) -> None:
+        """Fail in one line when the configured advantage estimator does not fit this objective."""
+        if name not in self.advantages:
+            raise ConfigError("advantage.name", name,
+                              f"objective {self.cfg.name} takes one of: {', '.join(self.advantages)}")
+
+    # ---- rollout-time hooks (called by diffusion_rl.rl.rollout) ----------------------------
+    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+                     completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
+                     run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(n, K)`` recorded denoising steps to train on (``-1``: unused slot) and metrics;
+        objectives with ``needs_trajectory`` implement it."""
+        raise NotImplementedError(f"objective {self.cfg.name} trains on no selected steps")
+
+    # ---- per inner update ---------------------------------------------------------------
+    @abstractmethod
+    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+        """Log-likelihood units of the rollout's samples under ``forward`` for this inner update.
+
+        ``role`` is ``"policy"`` (with gradients), ``"old"`` (the behaviour policy) or ``"ref"``
+        (the reference), so an objective can pick each one's Monte Carlo masks and caches.
+        """
+
+    def mask_seeds(self, ctx: StepContext, role: str) -> list[int]:
+        """Mask seeds of this inner iteration for ``role``: the old policy's, or the new (and the
+        reference) policy's, which are the old one's unless ``share_masks_with_old`` is false."""
+        ro = ctx.rollout
+        fresh = role != "old" and not self.cfg.share_masks_with_old
+        return mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0],
+                          ctx.inner_iter + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
+
+    def needs_old_values(self) -> bool:
+        """Whether each inner update scores the behaviour policy (:meth:`old_values`). True wherever the
+        loss reads a ratio; a ratio-free objective (``spg``, ``wd1``) returns False unless a diagnostic
+        or a behaviour correction asks for it, and then no forward is spent on the old policy, the
+        module keeps no frozen copy of it and the loss gets ``old_logp=None``."""
+        return True
+
+    def old_values(self, ctx: StepContext) -> torch.Tensor:
+        """What inner update ``ctx.inner_iter`` needs from the behaviour policy ``ctx.old_policy``:
+        its log-likelihood units, (n, U). Called without gradients."""
+        assert ctx.old_policy is not None
+        return self.score(ctx, ctx.old_policy, "old").logp
+
+    def behaviour(self, ctx: StepContext) -> torch.Tensor:
+        """:meth:`old_values` for this inner update: precomputed at rollout time, or computed now."""
+        if ctx.inner_iter in ctx.old_values:
+            return ctx.old_values[ctx.inner_iter]
+        with torch.no_grad():
+            return self.old_values(ctx)
+
+    def precompute_old(self, ctx: StepContext, num_iters: int) -> None:
+        """Fill ``ctx.old_values`` for inner iterations ``0 .. num_iters - 1`` (``ctx.old_policy`` must
+        be the behaviour policy now)."""
+        if not self.needs_old_values():
+            return
+        with torch.no_grad():
+            for it in range(num_iters):
+                ctx.inner_iter = it
+                ctx.old_values[it] = self.old_values(ctx)
+        ctx.inner_iter = 0
+
+    def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
+        """The rollout's advantages as (n, 1) or per unit (n, U)."""
+        return as_units(ctx.rollout.advantages)
+
+    def sampler_units(self, ctx: StepContext) -> torch.Tensor | None:
+        """The sampler's own log-probability of the rollout in the units of :meth:`score`, (n, U), or
+        None when the rollout carries none. Default: the likelihood estimator's reduction of
+        ``Rollout.sampler_logp`` (``LikelihoodEstimator.sampler_units``; what is comparable per
+        estimator: ``rl/objectives/behaviour.py``)."""
+        ro = ctx.rollout
+        if ro.sampler_logp is None:
+            return None
+        q = self.likelihood.sampler_units(ro.sampler_logp, ro.completion_mask)
+        return q[:, None] if q.dim() == 1 else q
+
+    def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
+        """Objective-specific metrics of this inner update (e.g. cost accounting)."""
+        return {}
+
+    def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Scalar loss of the *global* batch for one inner update and its detached metrics."""
+        ro, c = ctx.rollout, self.cfg
+        old = self.behaviour(ctx) if self.needs_old_values() else None
+        ref = None
+        if c.beta > 0 and ctx.ref_policy is not None:
+            with torch.no_grad():
+                ref = self.score(ctx, ctx.ref_policy, "ref")
+        s = self.score(ctx, ctx.policy, "policy")
+        g = ro.shard.gather  # every process's rows (identity on one process)
+        surrogate = None if s.surrogate is None else g(s.surrogate)
+        old = None if old is None else g(old)
+        adv, behaviour = self.corrected_advantages(ctx, old, g(s.mask))
+        loss, metrics = self.policy_loss(g(s.logp), old, adv, g(s.mask), c,
+                                         group_size=ro.group_size, surrogate=surrogate)
+        metrics.update(behaviour)
+        if ref is not None:
+            kl = self.kl_term(s, ref, g)
+            loss = loss + c.beta * kl
+            metrics["train/kl"] = kl.detach()
+        metrics.update(self.extra_metrics(ctx))
+        return loss, metrics
+
+    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The KL penalty before its weight ``beta``: the k3 estimator on the KL units, reduced by
+        ``kl_agg``. An objective whose method defines another KL form overrides this (ESPO: half the
+        squared ELBO difference per sequence); ``gather`` gives every process's rows."""
+        units, mask = policy.kl_units()
+        return agg_loss(gather(kl_penalty(units, ref.kl_units()[0])), gather(mask), self.kl_agg)
+
+    def corrected_advantages(self, ctx: StepContext, old: torch.Tensor | None,
+                             mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The global batch's advantages, times the truncated importance weights with
+        ``behaviour_correction=tis``, and the mismatch metrics. ``old`` and ``mask`` (N, U) gathered;
+        ``old=None`` (the behaviour policy was not scored): no mismatch to measure."""
+        c, g = self.cfg, ctx.rollout.shard.gather
+        adv = g(self.unit_advantages(ctx))
+        if old is None:
+            if c.behaviour_correction != "none":  # needs_old_values() must say True then
+                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the behaviour "
+                                   "policy's values, which this objective did not compute")
+            return adv, {}
+        q = self.sampler_units(ctx)
+        if q is None:
+            if c.behaviour_correction != "none":
+                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the sampler's "
+                                   "log-probabilities, which this rollout does not carry")
+            return adv, {}
+        mismatch = g(q).to(old.dtype) - old.detach()  # (N, U) log q - log pi_old
+        if c.behaviour_correction == "none":
+            return adv, mismatch_metrics(mismatch, mask)
+        w = tis_weights(mismatch, c.tis_cap)  # (N, U)
+        return adv * w, mismatch_metrics(mismatch, mask, w, c.tis_cap)

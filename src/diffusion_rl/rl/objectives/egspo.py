@@ -1,0 +1,234 @@
+"""EGSPO: policy gradient over a few entropy-selected denoising steps (docs/methods.md §4).
+
+Denoising is an MDP (state: the partially masked sequence; action: the tokens committed at a step;
+reward only at the end). Per sample, ``K`` of the ``T`` recorded steps are trained (``select``:
+``entropy`` = the ``K`` highest step entropies ``H_s``; ablations ``random``, ``uniform``). Per
+selected step ``s``, with ``log pi(step s)`` the stepwise likelihood (``likelihood/stepwise.py``):
+
+    rho_s  = exp(log pi_theta(step s) - log pi_old(step s))
+    loss_s = -min(rho_s A_s, clip(rho_s, 1 - eps, 1 + eps_high) A_s)      (GRPO's clipped surrogate)
+
+averaged over the selected steps of a sample, then over samples, plus the shared k3 KL penalty on the
+same steps. ``A_s`` is the rollout's advantage: the sequence's for every selected step
+(``advantage=group|group_std|loo``), or one per step from ``advantage=stepwise`` (EGSPO-SA,
+``rl/objectives/egspo_sa.py``), whose greedy one-step completions the rollout scores.
+
+Rollout reuse: one rollout feeds ``mu`` optimizer steps; inner update ``i`` trains the slots
+``(i * K' + j) mod K, j < K'`` with ``K' = steps_per_update`` (0: ``ceil(K / mu)``), so ``K = 8,
+mu = 2`` trains slots 0-3, then 4-7 (logged as ``egspo/slice_start``). ``log pi_old`` of each slot is
+computed once per rollout with the old policy on the reconstructed state and cached
+(``old_logp=recompute``), or read from the trajectory recorder (``old_logp=recorded``, no forward;
+equal at ``theta_old`` up to float batching, but not with classifier-free guidance nor with a
+``sampler.cache``, whose logits are approximate: then the ratio carries that mismatch, which
+``recompute`` shows as ``rollout/mismatch_log_ratio`` and ``behaviour_correction=tis`` can correct).
+
+Any sampler option: the replay uses exactly the committed sets the sampler chose (the recorder's),
+so at ``theta = theta_old`` the step ratio is exactly 1 with ``old_logp=recompute`` whatever the
+decoding rule, cache or early stop. Candidate steps are those that committed a token of the sample
+(with ``sampler.decode=threshold|factor`` a row can finish a block before the batch does); when a
+rollout took fewer than ``K`` of them the rest of the slots are unused.
+
+Source: the EGSPO paper (entropy-guided step selection; EGSPO-SA's greedy-completion values) and its
+public code, as summarised in docs/methods.md §4. Deviations: a sample with fewer
+than ``K`` candidate steps (``stop_at_last_content``) masks its unused slots out (EGSPO-SA gives them
+``V = r(x_0)`` so the group means stay over ``G`` samples); ``stop_at_last_content`` takes the
+last step that committed a token before the first EOS (the step that placed the first EOS when the
+answer is empty). Cost per optimizer step is logged as ``cost/forwards_per_sample`` (generation
+``T / mu`` amortised, old/ref forwards actually run, trained ``K'``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.seeding import mix_seed
+from diffusion_rl.likelihood.stepwise import stepwise_logps
+from diffusion_rl.rl.objectives.base import (
+    OBJECTIVES,
+    Forward,
+    Objective,
+    Scores,
+    StepContext,
+    masked_mean,
+)
+from diffusion_rl.rl.objectives.grpo import GRPOConfig, grpo_loss
+from diffusion_rl.rl.objectives.selectors import SELECTORS, steps_up_to
+from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+
+
+@dataclass
+class EGSPOConfig(GRPOConfig):
+    name: str = "egspo"
+    mu: int = 1  # one update per rollout on all K selected steps (mu = 2 slices them: rollout reuse)
+    # selected steps per sample. The paper trains K = 8 of T = 128; the CPU Sudoku sampler has 8 steps
+    # (the tests 4), so 4 here (K must be <= sampler.steps)
+    K: int = 4
+    select: str = "entropy"  # entropy | random | uniform
+    eps: float = 0.2  # the paper's clip range
+    eps_high: float = 0.5
+    reduce: str = "sum"  # stepwise log-prob over the committed tokens: sum | mean
+    stop_at_last_content: bool = False  # candidates end at the last step that committed answer text
+    steps_per_update: int = 0  # K' slots trained per optimizer step; 0 = ceil(K / mu)
+    old_logp: str = "recompute"  # recompute (old policy, cached per rollout) | recorded (sampler's)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.K < 1:
+            raise ConfigError("objective.K", self.K, "must be >= 1")
+        if self.select not in SELECTORS:
+            raise ConfigError("objective.select", self.select, f"allowed: {', '.join(SELECTORS.names())}")
+        if self.reduce not in ("sum", "mean"):
+            raise ConfigError("objective.reduce", self.reduce, "allowed: sum, mean")
+        if not 0 <= self.steps_per_update <= self.K:
+            raise ConfigError("objective.steps_per_update", self.steps_per_update,
+                              f"must be in [0, objective.K={self.K}] (0 = ceil(K / mu))")
+        if self.old_logp not in ("recompute", "recorded"):
+            raise ConfigError("objective.old_logp", self.old_logp, "allowed: recompute, recorded")
+
+    @property
+    def per_update(self) -> int:
+        return self.steps_per_update or math.ceil(self.K / self.mu)
+
+
+def slice_slots(inner_iter: int, K: int, per_update: int) -> list[int]:
+    """Slots trained at inner update ``inner_iter``: ``(inner_iter * K' + j) mod K`` for ``j < K'``."""
+    start = (inner_iter * per_update) % K
+    return [(start + j) % K for j in range(per_update)]
+
+
+@OBJECTIVES.register("egspo")
+class EGSPO(Objective):
+    config_class = EGSPOConfig
+    cfg: EGSPOConfig
+    policy_loss = staticmethod(grpo_loss)  # the clipped surrogate, per selected step
+    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "stepwise")
+    needs_trajectory = True
+
+    # ---- rollout time -------------------------------------------------------------------
+    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+                     completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
+                     run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
+        c, T = self.cfg, trajectory.num_steps
+        if c.K > T and not trajectory.variable_steps:  # decode=threshold|factor: a short rollout leaves slots unused
+            raise ConfigError("objective.K", c.K, f"must be <= the sampler's steps (sampler.steps={T})")
+        cand = trajectory.counts > 0  # (n, T) a step that committed nothing of a row is no action of it
+        if c.stop_at_last_content:
+            cand &= steps_up_to(last_content_step(trajectory, completion_ids, completion_mask, eos_id), T)
+        gen = torch.Generator().manual_seed(mix_seed(run_seed, rollout_id, 0xE65))
+        entropies = trajectory.entropies  # (n, T)
+        steps = SELECTORS.get(c.select)(entropies, c.K, cand, gen).to(entropies.device)  # (n, K), -1 = unused
+        valid = (steps >= 0).float()
+        sel_ent = entropies.gather(1, steps.clamp_min(0))
+        return steps, {
+            "egspo/selected_entropy": masked_mean(sel_ent, valid).item(),
+            "egspo/step_entropy": entropies.mean().item(),
+            "egspo/selected_step_mean": masked_mean(steps.float(), valid).item(),
+            "egspo/valid_frac": valid.mean().item(),
+            "egspo/trajectory_bytes_per_sample": trajectory.nbytes() / max(steps.shape[0], 1),
+        }
+
+    # ---- per inner update ---------------------------------------------------------------
+    def _batch(self, ctx: StepContext) -> dict[str, Any]:
+        """This inner update's slots and the model inputs of their (sample, step) rows, memoised."""
+        memo = ctx.cache.get("egspo/batch")
+        if memo is not None and memo["inner_iter"] == ctx.inner_iter:
+            return memo
+        c, ro = self.cfg, ctx.rollout
+        traj, all_steps = ro.trajectory, ro.selected_steps
+        assert traj is not None and all_steps is not None, "EGSPO needs the rollout's trajectory and selected steps"
+        slots = slice_slots(ctx.inner_iter, c.K, c.per_update)
+        steps = all_steps[:, slots]  # (N, K')
+        valid = steps >= 0
+        N, Kp = steps.shape
+        rows = valid.reshape(-1).nonzero()[:, 0]  # only real (sample, step) pairs go through the model
+        states, committed = traj.states_at(steps.clamp_min(0))  # (N*K', P+L)
+        if ro.loss_mask is not None:  # only the tokens the reward reads count in a step's log-prob
+            keep = torch.cat([torch.ones_like(ro.prompt_mask), ro.loss_mask.to(ro.prompt_mask.dtype)], 1).bool()
+            committed = committed & keep.repeat_interleave(Kp, 0)
+        tokens = traj.final.repeat_interleave(Kp, 0)  # type: ignore[union-attr]
+        attn = None
+        if not bool(ro.prompt_mask.all()):  # as the sampler: an attention mask only with padding
+            full = torch.cat([ro.prompt_mask.long(), torch.ones_like(ro.completion_ids)], 1)
+            attn = full.repeat_interleave(Kp, 0)[rows]
+        args = (states[rows], attn, committed[rows], tokens[rows])
+
+        def run(forward: Forward) -> torch.Tensor:
+            vals = stepwise_logps(forward, *args, reduce=c.reduce)  # (n,)
+            return vals.new_zeros(N * Kp).index_copy(0, rows, vals).view(N, Kp)
+
+        memo = {"inner_iter": ctx.inner_iter, "slots": slots, "steps": steps, "valid": valid, "rows": rows,
+                "run": run}
+        ctx.cache["egspo/batch"] = memo
+        return memo
+
+    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+        b = self._batch(ctx)
+        mask = b["valid"].float()
+        if role == "policy":
+            return Scores(b["run"](forward), mask)
+        if role == "old" and self.cfg.old_logp == "recorded":
+            return Scores(self._recorded(ctx), mask)
+        # frozen policies: each slot's values are computed once per rollout and kept
+        done: dict[int, torch.Tensor] = ctx.cache.setdefault(f"egspo/{role}", {})
+        if any(k not in done for k in b["slots"]):
+            vals = b["run"](forward)  # (N, K'); recomputing a cached slot is harmless (frozen policy)
+            cost = ctx.cache.setdefault("egspo/forwards", {})
+            cost[role, ctx.inner_iter] = cost.get((role, ctx.inner_iter), 0.0) + float(b["rows"].numel())
+            for j, k in enumerate(b["slots"]):
+                done.setdefault(k, vals[:, j])
+        return Scores(torch.stack([done[k] for k in b["slots"]], 1), mask)
+
+    def _recorded(self, ctx: StepContext) -> torch.Tensor:
+        """The sampler's own log pi(step s) of this update's slots, as it recorded them. (N, K')"""
+        traj, steps, slots = ctx.rollout.trajectory, ctx.rollout.selected_steps, self._batch(ctx)["slots"]
+        assert traj is not None and steps is not None
+        rec = traj.logps.gather(1, steps.clamp_min(0))
+        if self.cfg.reduce == "mean":
+            rec = rec / traj.counts.gather(1, steps.clamp_min(0)).clamp_min(1).float()
+        return rec[:, slots].to(steps.device)
+
+    def sampler_units(self, ctx: StepContext) -> torch.Tensor:
+        """The same steps' log-probabilities from the sampler's logits (exactly comparable with the
+        stepwise replay: ``rl/objectives/behaviour.py``)."""
+        return self._recorded(ctx)
+
+    def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
+        """The selected slots' advantages (N, K'): per step (stepwise) or the sequence's for each."""
+        adv, slots = ctx.rollout.advantages, self._batch(ctx)["slots"]
+        return adv[:, slots] if adv.dim() == 2 else adv[:, None].expand(-1, len(slots))
+
+    def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
+        c, b, traj = self.cfg, self._batch(ctx), ctx.rollout.trajectory
+        assert traj is not None
+        N, Kp = b["steps"].shape
+        valid = b["valid"].float()
+        cost = ctx.cache.get("egspo/forwards", {})
+        frozen = sum(cost.get((role, ctx.inner_iter), 0.0) for role in ("old", "ref")) / max(N, 1)
+        gen = traj.num_steps / c.mu  # the rollout's T forwards, spread over its mu updates
+        trained = b["rows"].numel() / max(N, 1)
+        return {
+            "egspo/slice_start": torch.tensor(float(b["slots"][0])),
+            "egspo/slice_size": torch.tensor(float(Kp)),
+            "egspo/step_mean": masked_mean(b["steps"].float(), valid),
+            "egspo/adv_abs_mean": masked_mean(self.unit_advantages(ctx).abs(), valid),
+            "cost/gen_forwards_per_sample": torch.tensor(gen),
+            "cost/old_forwards_per_sample": torch.tensor(frozen),
+            "cost/train_forwards_per_sample": torch.tensor(trained),
+            "cost/forwards_per_sample": torch.tensor(gen + frozen + trained),
+        }
+
+
+def last_content_step(traj: TrajectoryRecorder, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                      eos_id: int) -> torch.Tensor:
+    """(N,) last step that committed a completion token before the first EOS (-1: none)."""
+    keep = completion_mask.bool()  # (N, L)
+    P = traj.final.shape[1] - completion_ids.shape[1]  # type: ignore[union-attr]
+    pad = torch.zeros(completion_ids.shape[0], P, dtype=torch.bool, device=completion_ids.device)
+    last = traj.last_step_where(torch.cat([pad, keep & (completion_ids != eos_id)], 1))
+    first_eos = traj.last_step_where(torch.cat([pad, keep & (completion_ids == eos_id)], 1))
+    return torch.where(last >= 0, last, first_eos)  # an empty answer: the step that ended it

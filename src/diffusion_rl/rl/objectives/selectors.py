@@ -1,0 +1,102 @@
+"""Step selectors for EGSPO: which ``K`` of a rollout's ``T`` denoising steps each sample trains on.
+
+Every selector is a pure function ``(entropies (B, T), K, candidates (B, T) bool | None,
+generator | None) -> indices (B, K)`` registered in :data:`SELECTORS` (``objective.select``):
+
+- ``entropy`` (EGSPO's default): the ``K`` candidate steps of highest recorded entropy ``H_s``, in
+  decreasing entropy order, so slot ``k`` is the sample's ``k``-th highest-entropy step (EGSPO-SA's
+  slots); ties go to the earlier step.
+- ``random``: the last candidate step plus ``K - 1`` others drawn without replacement from a local
+  generator; in increasing step order.
+- ``uniform``: ``K`` evenly spaced candidate steps ending at the last one (``n`` candidates: the
+  ``floor((k + 1) n / K) - 1``-th, e.g. steps 15, 31, ..., 127 for ``n = 128, K = 8``).
+- ``low_entropy`` (an ablation, the opposite of EGSPO's rule): the ``K`` candidate steps of lowest
+  entropy, lowest first. The paper's bound predicts it approximates the full gradient worst.
+
+``candidates`` restricts the choice (``stop_at_last_content``: steps up to the last one that committed
+a token of the answer, :func:`steps_up_to`); ``None`` means all steps. A sample with fewer than ``K``
+candidates gets ``-1`` in its unused slots; callers mask those slots out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from diffusion_rl.core.registry import Registry
+
+Selector = Callable[..., torch.Tensor]
+SELECTORS: Registry[Selector] = Registry("objective.select")
+
+
+def steps_up_to(last: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """Candidate mask of steps ``0..last[b]``; a row with ``last < 0`` keeps every step. (B,) -> (B, T)"""
+    last = torch.where(last < 0, torch.full_like(last, num_steps - 1), last)
+    return torch.arange(num_steps, device=last.device)[None, :] <= last[:, None]
+
+
+def _candidates(entropies: torch.Tensor, candidates: torch.Tensor | None) -> torch.Tensor:
+    return torch.ones_like(entropies, dtype=torch.bool) if candidates is None else candidates.bool()
+
+
+def _pad(rows: list[torch.Tensor], K: int, device: torch.device) -> torch.Tensor:
+    out = torch.full((len(rows), K), -1, dtype=torch.long, device=device)
+    for b, r in enumerate(rows):
+        out[b, : r.numel()] = r
+    return out
+
+
+@SELECTORS.register("entropy")
+def select_entropy(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
+                   generator: torch.Generator | None = None, lowest: bool = False) -> torch.Tensor:
+    """Top-``K`` candidate steps by entropy, highest first (``lowest``: bottom-``K``, lowest first).
+    (B, T) -> (B, K)"""
+    cand = _candidates(entropies, candidates)
+    fill = float("inf") if lowest else float("-inf")
+    score = entropies.float().masked_fill(~cand, fill)  # (B, T)
+    order = score.argsort(dim=-1, descending=not lowest, stable=True)[:, :K]  # (B, min(K, T))
+    ok = cand.gather(-1, order)
+    idx = torch.full((entropies.shape[0], K), -1, dtype=torch.long, device=entropies.device)
+    idx[:, : order.shape[1]] = order.masked_fill(~ok, -1)
+    return idx
+
+
+@SELECTORS.register("low_entropy")
+def select_low_entropy(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Bottom-``K`` candidate steps by entropy, lowest first. (B, T) -> (B, K)"""
+    return select_entropy(entropies, K, candidates, generator, lowest=True)
+
+
+@SELECTORS.register("random")
+def select_random(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """The last candidate step and ``K - 1`` random others, in step order. (B, T) -> (B, K)"""
+    cand = _candidates(entropies, candidates).cpu()
+    rows = []
+    for b in range(cand.shape[0]):
+        steps = cand[b].nonzero()[:, 0]  # (n,) increasing
+        if steps.numel() <= K:
+            rows.append(steps)
+            continue
+        others = steps[:-1][torch.randperm(steps.numel() - 1, generator=generator)[: K - 1]]
+        rows.append(torch.cat([others.sort().values, steps[-1:]]))
+    return _pad(rows, K, entropies.device)
+
+
+@SELECTORS.register("uniform")
+def select_uniform(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """``K`` evenly spaced candidate steps ending at the last one, in step order. (B, T) -> (B, K)"""
+    cand = _candidates(entropies, candidates).cpu()
+    rows = []
+    for b in range(cand.shape[0]):
+        steps = cand[b].nonzero()[:, 0]  # (n,) increasing
+        n = steps.numel()
+        if n <= K:
+            rows.append(steps)
+            continue
+        pick = (torch.arange(1, K + 1) * n) // K - 1  # (K,) strictly increasing since n > K, last = n - 1
+        rows.append(steps[pick])
+    return _pad(rows, K, entropies.device)

@@ -1,0 +1,261 @@
+"""Rollouts: prompts in, a typed :class:`~diffusion_rl.rl.batch.Rollout` out (no Lightning).
+
+One call of :class:`RolloutEngine` does, for a batch of task items:
+
+1. expand each item to ``G`` rows, encode the prompts, keep this process's share of the rows
+   (``core/distributed.py``);
+2. sample completions with the behaviour policy (the sampler of docs/methods.md §2 with the options
+   of §10, or the block sampler for a block model), ``sampler.rollout_batch_size`` rows per call,
+   each call's Gumbel noise from a generator keyed by ``(seed, rollout id, first global row)``; the
+   trajectory is recorded when the objective trains on denoising steps. The sampler's own
+   log-probability of every committed token rides on the rollout (``Rollout.sampler_logp``:
+   behaviour correction and ``rollout/mismatch_log_ratio``, ``rl/objectives/behaviour.py``);
+3. select the steps the objective trains on (EGSPO) and, when the advantage estimator needs values,
+   rebuild the greedy one-step completions at those steps (EGSPO-SA);
+4. decode every completion once and score all of them in **one** pass of the task's reward functions;
+5. gather the rewards of all processes and compute the advantages once, with the configured
+   estimator (``rl/advantages.py``), keeping this process's rows.
+
+The rollout's metrics (``train/reward``, ``train/entropy``, ``time/rollout_s``, ...
+docs/methods.md §6) ride on the returned object and are logged with its first inner update, with the
+sampler's cost:
+
+- ``rollout/forwards_per_sample``: model calls each sample went through (classifier-free guidance
+  counts two); ``rollout/steps_per_sample``: denoising steps taken (no longer fixed with
+  ``sampler.decode=threshold|factor``);
+- ``rollout/forward_tokens_per_sample``: query positions each sample sent through the model, the
+  measure of forward FLOPs (a cached step runs a block, not the whole sequence);
+- ``rollout/tokens_per_forward``: completion tokens per forward pass (``gen_length / forwards``);
+- ``rollout/filled_frac``: share of completion tokens set to EOS without a forward (``stop_after_eos``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from diffusion_rl.core.distributed import Shard
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.seeding import mix_seed
+from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
+from diffusion_rl.rl.advantages import AdvantageEstimator
+from diffusion_rl.rl.batch import Rollout
+from diffusion_rl.rl.objectives.base import Objective
+from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling.sampler import completion_mask
+from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.tasks.base import Task
+
+_GUMBEL_SALT = 0xA11
+
+
+@dataclass
+class RolloutConfig:
+    """``rollout:`` root keys."""
+
+    # DAPO's dynamic sampling: draw oversample x task.prompts_per_batch prompts, keep
+    # task.prompts_per_batch groups, those whose rewards differ first (a group whose G rewards agree
+    # has zero advantage and adds nothing but dilution); 1 = off
+    oversample: int = 1
+    # reward of a completion with no EOS (it ran out of canvas: truncated), in place of the task's;
+    # null keeps the task's. TraceRL counts truncated responses as wrong (reward/rl_reward.py): 0.0
+    # there. Off by default: a Sudoku answer fills the whole 16-token completion, with no room for EOS
+    truncated_reward: float | None = None
+
+    def validate(self) -> None:
+        if self.oversample < 1:
+            raise ConfigError("rollout.oversample", self.oversample, "must be >= 1 (1 = off)")
+
+
+class RolloutEngine:
+    """Turns task items into a :class:`Rollout`; holds no model of its own (the caller passes the
+    behaviour policy), so the same engine serves a frozen copy or the policy itself."""
+
+    def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
+                 sampler: SamplerConfig, seed: int = 0, oversample: int = 1, truncated_reward: float | None = None):
+        self.bundle, self.task, self.objective, self.advantage = bundle, task, objective, advantage
+        self.sampler, self.seed, self.oversample = sampler, seed, oversample
+        self.truncated_reward = truncated_reward
+
+    @torch.no_grad()
+    def __call__(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Rollout:
+        t0 = time.perf_counter()
+        G, tok, eos = self.task.cfg.group_size, self.bundle.tokenizer, self.bundle.eos_token_id
+        device = next(behaviour.parameters()).device
+        prompts = [self.task.prompt(it) for it in items for _ in range(G)]
+        ids, mask = encode_prompts(tok, prompts, device, self.bundle.block_size)  # (N, P)
+        shard = Shard.current(ids.shape[0])  # every process padded all N rows alike; keep this one's share
+        rows = shard.rows(ids.shape[0])
+        ids, mask = ids[rows], mask[rows]  # (n, P)
+        group_items = [it for it in items for _ in range(G)][rows]
+        canvas = self.task.canvas(group_items, tok, self.sampler.gen_length, self.bundle.mask_token_id)  # (n, L) | None
+        canvas = None if canvas is None else canvas.to(device)
+        traj = None
+        if self.objective.needs_trajectory:
+            traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values,
+                                      variable_steps=self.sampler.decode != "fixed")
+        completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj,
+                                                               canvas)
+        pinned = None if canvas is None else canvas != self.bundle.mask_token_id  # (n, L) the task's known tokens
+        n_generated = completion.shape[0]  # this process's rows, before dynamic sampling keeps some
+        generated = completion.numel() * shard.world_size  # tokens, before dynamic sampling keeps some
+        t_score = time.perf_counter()
+        texts = decode_completions(tok, completion, eos)
+        rewards, components = self.task.score(texts, group_items)  # (n,), {name: (n,)}
+        metrics: dict[str, float] = {}
+        if self.truncated_reward is not None:  # no EOS: the completion ran out of canvas
+            cut = ~(completion == eos).any(-1)  # (n,)
+            rewards = torch.where(cut.to(rewards.device), torch.tensor(self.truncated_reward, dtype=rewards.dtype,
+                                                                      device=rewards.device), rewards)
+            metrics["rollout/truncated_frac"] = float(shard.all_reduce_sum(cut.float().sum()) / (n_generated * shard.world_size))
+        # every per-row field the filter below must see goes in here; all_rewards and advantages are
+        # placeholders, set at the end from the rows kept
+        ro = Rollout(
+            rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
+            completion_mask=completion_mask(completion, eos), texts=texts, items=group_items, rewards=rewards,
+            all_rewards=rewards, reward_components=components, advantages=rewards, shard=shard, trajectory=traj,
+            metrics=metrics, sampler_logp=token_logp, pinned=pinned,
+        )
+        if self.oversample > 1:  # DAPO's dynamic sampling: keep the groups whose rewards differ
+            keep, keep_metrics = self._keep_groups(rewards, G, shard)
+            ro = ro.select(keep)  # every per-row field (Rollout.select)
+            metrics.update(keep_metrics)
+            n_kept = ro.completion_ids.shape[0]
+            ro.shard = Shard(shard.rank, shard.world_size, shard.rank * n_kept)  # the kept rows, process-major
+        completion, comp_mask, rewards = ro.completion_ids, ro.completion_mask, ro.rewards
+        group_items, traj, shard = ro.items, ro.trajectory, ro.shard
+        steps = None
+        if traj is not None:
+            steps, step_metrics = self.objective.select_steps(traj, completion, comp_mask, eos, rollout_id, self.seed)
+            metrics.update(step_metrics)
+        rewards = rewards.to(device)
+        all_rewards = shard.gather(rewards)  # (N,): a group may span processes
+        values = valid = token_rewards = None
+        if self.advantage.needs_token_rewards:  # each token's own share of its completion's reward
+            token_rewards = shard.gather(self._per_token(completion, group_items, self.task.token_rewards, 0.0))
+        if self.advantage.needs_values:  # the greedy one-step completions at the selected steps
+            assert traj is not None and steps is not None
+            greedy, greedy_rows = self._greedy_completions(traj, steps, completion)
+            greedy_rewards, _ = self.task.score(decode_completions(tok, greedy, eos),
+                                                [group_items[b] for b in greedy_rows.tolist()])
+            valid = steps >= 0
+            values_of = rewards.float()[:, None].expand(steps.shape).clone()  # unused slots: V = r(x_0)
+            values_of[valid] = greedy_rewards.to(values_of)
+            values, valid = shard.gather(values_of), shard.gather(valid)
+        metrics["time/score_s"] = time.perf_counter() - t_score
+        adv, adv_metrics = self.advantage(all_rewards, G, values, valid, token_rewards)
+        metrics.update(adv_metrics)
+        t_roll = time.perf_counter() - t0
+        group_std = all_rewards.view(-1, G).std(-1)
+        lengths = shard.gather(comp_mask.sum(-1))  # (N,)
+        ent = shard.all_reduce_sum(entropy)
+        metrics.setdefault("train/frac_zero_std_groups", (group_std < 1e-6).float().mean().item())
+        metrics.update({
+            "train/reward": all_rewards.mean().item(),
+            "train/reward_std": all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
+            "train/completion_len": lengths.float().mean().item(),
+            "train/entropy": float(ent[0] / ent[1].clamp_min(1)),
+            "time/rollout_s": t_roll,
+            "throughput/tokens_per_s": generated / max(t_roll, 1e-9),
+        })
+        metrics.update(cost_metrics(cost, n_generated, completion.shape[1]))
+        if shard.world_size > 1:  # per-process metrics of the selection and cost: mean over equal shares
+            keys = [k for k in metrics if k.startswith(("egspo/", "rollout/"))]
+            vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
+            metrics.update(zip(keys, (vals / shard.world_size).tolist()))
+        return replace(
+            ro, rewards=rewards, all_rewards=all_rewards, advantages=adv[shard.rows(adv.shape[0])],
+            selected_steps=steps, metrics=metrics,
+            loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
+                       if self.task.cfg.loss_mask == "reward" else None),
+        )
+
+    def _keep_groups(self, rewards: torch.Tensor, G: int, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
+        """Rows of the ``1 / oversample`` share of this process's groups to train on: groups whose
+        rewards differ first (in the order drawn), then the others. Groups never span processes here."""
+        n = rewards.shape[0]
+        if n % (G * self.oversample):
+            raise ConfigError("rollout.oversample", self.oversample,
+                              f"each process's {n} rows must hold whole groups of {G}, oversample times")
+        spread = rewards.float().view(-1, G).std(-1) > 1e-6  # (n / G,)
+        order = torch.cat([spread.nonzero()[:, 0], (~spread).nonzero()[:, 0]])[: n // G // self.oversample]
+        keep = (order.sort().values[:, None] * G + torch.arange(G)).reshape(-1)  # (n / oversample,)
+        stats = shard.all_reduce_sum(torch.tensor([float((~spread).sum()), float(spread.numel())], dtype=torch.float64))
+        return keep, {"train/frac_zero_std_groups": float(stats[0] / stats[1]),  # of every group drawn
+                      "rollout/kept_zero_std_frac": float((~spread[order]).float().mean())}
+
+    def _per_token(self, completion: torch.Tensor, items: list[dict[str, Any]], fn, default: float) -> torch.Tensor:
+        """(n, L) float of a task's per-token function of the decoded tokens (``reward_token_mask``,
+        ``token_rewards``); ``default`` where the task returns None."""
+        out = torch.full(completion.shape, default, dtype=torch.float32, device=completion.device)
+        tok = self.bundle.tokenizer
+        for b, (row, item) in enumerate(zip(completion.tolist(), items)):
+            values = fn(item, tok.batch_decode([[t] for t in row]))  # each token's text, in order
+            if values is not None:
+                out[b] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+        return out
+
+    def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
+                  recorder: TrajectoryRecorder | None,
+                  canvas: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Completions (n, L), the sampler's log-prob of each of their tokens (n, L), ``[entropy sum,
+        committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled
+        tokens]`` (4,) float64 summed over this process's rows."""
+        was_training = net.training
+        net.eval()
+        n = ids.shape[0]
+        size = self.sampler.rollout_batch_size or n
+        parts, logps = [], []
+        ent = torch.zeros(2, dtype=torch.float64, device=ids.device)
+        cost = torch.zeros(4, dtype=torch.float64, device=ids.device)
+        for s in range(0, n, size):
+            first = offset + s  # global row: the same rows draw the same noise on any number of processes
+            key = (mix_seed(self.seed, rollout_id, _GUMBEL_SALT) if first == 0
+                   else mix_seed(self.seed, rollout_id, _GUMBEL_SALT, first))
+            gen = torch.Generator(device=ids.device).manual_seed(key)
+            out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler,
+                                  self.bundle.mask_token_id, gen, recorder, eos_id=self.bundle.eos_token_id,
+                                  canvas=None if canvas is None else canvas[s:s + size])
+            parts.append(out.completion)
+            assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
+            logps.append(out.token_logp)
+            ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
+            rows = out.completion.shape[0]
+            cost += rows * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled],
+                                        dtype=torch.float64, device=ids.device)
+        net.train(was_training)
+        return torch.cat(parts), torch.cat(logps), ent, cost
+
+
+    def _greedy_completions(self, traj: TrajectoryRecorder | None, steps: torch.Tensor | None,
+                            completion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy one-step completions at every selected step, (m, L), and the row of each (m,);
+        none unless the advantage estimator needs their values."""
+        if traj is None or steps is None or not self.advantage.needs_values:
+            return completion[:0], torch.zeros(0, dtype=torch.long)
+        L = completion.shape[1]
+        bi, ki = (steps >= 0).nonzero(as_tuple=True)  # (m,) each
+        sel = steps[bi, ki]  # (m,)
+        comps = completion.new_empty(sel.numel(), L)
+        for s in sel.unique().tolist():  # one reconstruction per distinct step
+            hit = sel == s
+            comps[hit] = traj.greedy_completion(s)[bi[hit], -L:].to(comps.dtype)
+        return comps, bi
+
+
+def cost_metrics(cost: torch.Tensor, rows: int, gen_length: int) -> dict[str, float]:
+    """Per-sample sampler cost from ``[forwards, forward tokens, steps, filled tokens]`` summed over
+    ``rows`` samples (see the module docstring)."""
+    forwards, tokens, steps, filled = (v / max(rows, 1) for v in cost.tolist())
+    return {
+        "rollout/forwards_per_sample": forwards,
+        "rollout/forward_tokens_per_sample": tokens,
+        "rollout/steps_per_sample": steps,
+        "rollout/tokens_per_forward": gen_length / max(forwards, 1e-9),
+        "rollout/filled_frac": filled / gen_length,
+    }
