@@ -179,7 +179,8 @@ def perturbed(net, scale, seed):
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     """A tiny model's rollout under coupled_grpo's config, with old and reference policies apart."""
-    c = build(compose_cfg(["objective=coupled_grpo"], tmp_path_factory.mktemp("cgrpo")))
+    c = build(compose_cfg(["objective=coupled_grpo", "task.pin_givens=false"], tmp_path_factory.mktemp("cgrpo")))
+    # the public code knows no pinned tokens: the completion is all decisions, as there
     eng = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3)
     ro = eng(c.task.splits.train[:2], c.bundle.net, 0)
     cmask = ro.completion_mask.clone()

@@ -199,7 +199,9 @@ def spg_setup(tmp_path, extra=()):
     """The objective built from the configs, and a rollout of the (untrained) tiny model with
     advantages of both signs (an untrained model earns nearly nothing)."""
     torch.manual_seed(0)  # the model's initialisation
-    c = build(compose_cfg(["objective=spg", "objective.beta=0", "likelihood.block_length=4", *extra], tmp_path))
+    # the public code knows no pinned tokens: the completion is all decisions, as there
+    c = build(compose_cfg(["objective=spg", "objective.beta=0", "likelihood.block_length=4", "task.pin_givens=false",
+                              *extra], tmp_path))
     engine = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3)
     ro = engine(c.task.splits.train[:2], c.bundle.net, 0)
     adv = torch.linspace(-1.0, 1.0, ro.completion_ids.shape[0])

@@ -76,9 +76,10 @@ def test_nonfinite_loss_skips_update_and_keeps_weights(tmp_path):
 
 
 @pytest.mark.parametrize("objective,options", [
-    ("grpo", ["sampler.decode=threshold", "sampler.threshold=0.5", "sampler.cache=dual", "objective.behaviour_correction=tis"]),
-    ("stabledrl", ["sampler.decode=factor", "sampler.cache=prefix", "objective.behaviour_correction=tis"]),
-    ("egspo", ["sampler.decode=threshold", "sampler.cache=dual", "sampler.stop_after_eos=true"]),
+    ("grpo", ["sampler=sudoku_threshold", "sampler.threshold=0.5", "objective.behaviour_correction=tis"]),
+    ("stabledrl", ["sampler.decode=factor", "sampler.remasking=low_confidence", "sampler.cache=prefix",
+                   "objective.behaviour_correction=tis"]),
+    ("egspo", ["sampler=sudoku_threshold", "sampler.stop_after_eos=true"]),
     ("egspo_sa", ["sampler.cache=dual", "sampler.stop_after_eos=true", "objective.behaviour_correction=tis"]),
 ], ids=["grpo-threshold-dual-tis", "stabledrl-factor-prefix-tis", "egspo-threshold-dual-stop", "egspo_sa-dual-stop-tis"])
 def test_tiny_run_with_fast_rollouts(tmp_path, objective, options):

@@ -83,7 +83,9 @@ def wd1_setup(tmp_path, extra=()):
     """The objective built from the configs, and a rollout of the (untrained) tiny model with
     advantages of both signs and completions of different lengths."""
     torch.manual_seed(0)  # the model's initialisation
-    c = build(compose_cfg(["objective=wd1", "objective.beta=0", *extra], tmp_path))
+    # the public code knows no pinned tokens (the completion is all decisions) and samples in low-confidence order
+    c = build(compose_cfg(["objective=wd1", "objective.beta=0", "task.pin_givens=false", "sampler.remasking=low_confidence",
+                          *extra], tmp_path))
     engine = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3)
     ro = engine(c.task.splits.train[:2], c.bundle.net, 0)
     comp = ro.completion_ids.clone()
