@@ -6,7 +6,7 @@
 #   make train                                    # GRPO on 4x4 Sudoku with the embedded model
 #   make train ARGS="trainer.max_steps=4"         # Hydra overrides for src/train.py (last one wins)
 #   make test                                     # ruff, mypy, pytest (fast tier)
-#   make test PYTEST_ARGS="tests/test_config.py -q"
+#   make test PYTEST_ARGS="tests/unit/core/test_config.py -q"
 #   make test VENV=/tmp/venv                      # another environment (.ci/run: a fresh one)
 #   make test TORCH_INDEX_URL=                    # torch from pip's own indexes (no CPU index)
 #   make clean-venv                               # remove the environment

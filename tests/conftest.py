@@ -50,8 +50,7 @@ def tiny_run(tmp_path_factory):
     report, bad input): 5 optimizer steps, a checkpoint every 2 (so the last step is not one of
     them), held-out evaluation every 2 steps. Returns ``(run folder, summary)``; read-only for users."""
     from diffusion_rl.app.train import train
-
-    from .helpers import compose_cfg
+    from tests.helpers.common import compose_cfg
 
     tmp = tmp_path_factory.mktemp("tiny_run")
     cfg = compose_cfg(["trainer.max_steps=5", "trainer.checkpoint_every_n_steps=2", "eval.every_n_steps=2"], tmp)

@@ -1,7 +1,7 @@
 """One source of defaults: every config dataclass is stored in Hydra's ConfigStore as ``base_<name>``.
 
 The yaml files under ``conf/`` start from these nodes (``defaults: [base_grpo, _self_]``) and hold
-only what differs from the dataclass, each difference commented with why; ``tests/test_conf_store.py``
+only what differs from the dataclass, each difference commented with why; ``tests/contract/test_conf_store.py``
 checks that no yaml restates a default and that each group's base option composes to exactly the
 dataclass built in Python with no arguments.
 

@@ -10,7 +10,7 @@ so finished blocks never see later ones: their keys and values are computed once
 of the finished block, as SDAR's ``store_kv``) and cached, and each denoising step runs the model on
 the current block only. That changes no output: at ``temperature = 0`` the tokens equal those of the
 uncached sampler (``use_cache=False``, which reruns the whole prefix every step) and those of the
-masked-diffusion sampler run with ``block_length = block_size`` on the same model (tests/test_block.py).
+masked-diffusion sampler run with ``block_length = block_size`` on the same model (tests/unit/sampling/test_block.py).
 
 Block alignment: blocks are counted from the first position of the input, as in SDAR and in the
 block-causal mask of the embedded model, over a prompt left-padded to whole blocks (done here if the

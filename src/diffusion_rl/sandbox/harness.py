@@ -14,7 +14,7 @@ Two processes, forked by ``zygote.py`` once the isolation is in place:
   itself. At the end the supervisor tells the runner to exit, requires exit status 0, and writes
   the one-line JSON report on its own stdout.
 
-Defended (each a test in ``tests/test_sandbox.py``): a program that exits early (``sys.exit(0)``,
+Defended (each a test in ``tests/unit/sandbox/test_sandbox.py``): a program that exits early (``sys.exit(0)``,
 ``os._exit(0)``, a thread that ends the process) -- the supervisor sees the runner gone before every
 test ran; one that patches ``assert`` helpers, builtins or the test's ``check`` function -- the
 tests run in another process; one whose results override ``__eq__`` (or subclass ``int``) -- only
@@ -24,7 +24,7 @@ supervisor is not dumpable (no ``ptrace``, no ``/proc/<pid>/mem``).
 
 Not defended: a program that computes the right answers (that is passing); tests that rely on object
 identity or on the program mutating their arguments (a call crosses a process boundary; every
-canonical HumanEval and MBPP solution passes: ``tests/test_humaneval.py``, ``tests/test_mbpp.py``).
+canonical HumanEval and MBPP solution passes: ``tests/unit/tasks/test_humaneval.py``, ``tests/unit/tasks/test_mbpp.py``).
 
 This file is run by path with ``python -I -S`` (through ``zygote.py``): standard library only.
 """

@@ -5,7 +5,7 @@ d1 (``eval/parser_helper.py`` and ``diffu-grpo/math500_utils.py``) takes the MAT
 last ``\\boxed`` and compares answers after the string normalisation of the original MATH release
 (Hendrycks et al.). This module gives the same results written as our own functions; where d1's
 code raises, ours returns None and the caller does what d1's ``try`` does. Quirks kept on purpose
-(each has a test in ``tests/test_d1_latex.py``):
+(each has a test in ``tests/unit/rewards/test_d1_latex.py``):
 
 * **No box means the whole text.** :func:`d1_boxed_answer` returns the whole string when it holds
   neither ``\\boxed`` nor ``\\fbox``: d1 then compares the entire completion with the gold.

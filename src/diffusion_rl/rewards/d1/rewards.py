@@ -2,7 +2,7 @@
 
 A run that wants d1's training dynamics needs d1's reward values, not corrected ones: these
 functions return what d1's do on every completion (checked against d1's code on its released
-generations; hand cases per quirk in ``tests/test_d1_rewards.py``). The corrected set, preset
+generations; hand cases per quirk in ``tests/unit/rewards/test_d1_rewards.py``). The corrected set, preset
 ``d1_fixed``, is ``rewards/gsm8k.py`` and friends; docs/scoring.md lists how they differ.
 
 GSM8K (the sum is at most 4.0 nominally; d1 weights every term 1.0):

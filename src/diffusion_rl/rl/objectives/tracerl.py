@@ -27,7 +27,7 @@ same file), ``train/rl_llada.py`` L248-292 (rows), L573-607 (``forward_process``
 ``reward/rl_reward.py`` L74-124 (z-score, pass-rate filter, truncation). Public settings: eps 0.2,
 beta 0.01 with k3, shrink 1 (SDAR/TraDo) / 8 (LLaDA), lr 1e-6.
 
-Deviations, each with its reason (the loss itself is transcribed: ``tests/test_tracerl.py``):
+Deviations, each with its reason (the loss itself is transcribed: ``tests/unit/rl/test_tracerl.py``):
 
 - Rows are not chunked into optimizer steps by a data loader: one rollout feeds ``objective.mu``
   optimizer steps, each on a contiguous ``1/mu`` share of the rows in the public order (sample-major,

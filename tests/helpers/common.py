@@ -1,0 +1,39 @@
+"""Config composition for tests: the real conf/ tree, shrunk to seconds on a CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from diffusion_rl.app.conf_store import register_configs
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+# A run small enough for the default test tier: a 2-layer d=32 model, 2 prompts x 4 samples.
+TINY = [
+    "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+    "task.num_train=64", "task.num_test=8", "task.prompts_per_batch=2", "task.group_size=4",
+    "warmstart.steps=3", "warmstart.batch_size=8", "warmstart.cache=false",
+    "sampler.steps=4", "trainer.max_steps=4", "trainer.enable_progress_bar=false",
+    "trainer.checkpoint_every_n_steps=2", "eval.batch_size=8",
+]
+
+
+def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True, config_name: str = "config") -> DictConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(
+            config_name=config_name,
+            overrides=(TINY if tiny else []) + [f"paths.cache_dir={tmp_path / 'cache'}"] + overrides,
+        )
+
+
+def rollout_of(prompt, pmask, comp, cmask, rewards, advantages, group_size: int, rollout_id: int = 7, **kw):
+    """A :class:`Rollout` of hand-made tensors (no texts or items; rewards of every row known)."""
+    from diffusion_rl.rl.batch import Rollout
+
+    n = comp.shape[0]
+    return Rollout(rollout_id, group_size, prompt, pmask, comp, cmask, [""] * n, [{}] * n, rewards, rewards, {},
+                   advantages, **kw)

@@ -1,0 +1,105 @@
+"""Advantage estimators (rl/advantages.py) on hand-computed rewards, and their fit with the objectives."""
+
+import pytest
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.rl.advantages import (
+    ADVANTAGES,
+    AdvantageConfig,
+    GroupConfig,
+    LOOConfig,
+    StepwiseConfig,
+    stepwise_returns,
+)
+
+R = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])  # two groups of G = 4; the second has no spread
+
+
+def estimator(name, **kw):
+    cls = ADVANTAGES.get(name)
+    return cls(cls.config_class(**kw))
+
+
+def test_group_and_group_std_hand_computed():
+    a, _ = estimator("group")(R, 4)
+    assert torch.allclose(a, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    s, _ = estimator("group_std")(R, 4)
+    std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std().item()  # the unbiased std, as d1 and TRL
+    assert torch.allclose(s[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-4))
+    assert torch.equal(s[4:], torch.zeros(4))  # zero-std group: no signal, no NaN
+
+
+def test_leave_one_out_is_reward_minus_the_others_mean():
+    a, _ = estimator("loo")(R, 4)
+    for j in range(8):
+        g = j // 4
+        others = [R[k].item() for k in range(4 * g, 4 * g + 4) if k != j]
+        assert a[j].item() == pytest.approx(R[j].item() - sum(others) / 3)
+
+
+def test_stepwise_hand_computed_and_lam_zero_is_group_std():
+    rewards = torch.tensor([1.0, 0.0])  # one group of G = 2
+    values = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # (N, K = 2)
+    R = stepwise_returns(rewards, values, lam=0.5, normalize=False)
+    assert torch.allclose(R, torch.tensor([[1.5, 1.0], [-0.5, 0.0]]))  # (1 + lam) r - lam V
+    assert torch.allclose(stepwise_returns(rewards, values, 0.5, True), R / 1.5)
+    adv, m = estimator("stepwise", lam=0.5, normalize_returns=False, std_scale=False)(rewards, 2, values)
+    assert torch.allclose(adv, torch.tensor([[1.0, 0.5], [-1.0, -0.5]]))  # R minus the slot's group mean
+    assert m["egspo_sa/value_mean"] == pytest.approx(0.5)
+    same, _ = estimator("stepwise", lam=0.0)(rewards, 2, values)
+    plain, _ = estimator("group_std")(rewards, 2)
+    assert torch.allclose(same, plain[:, None].expand(2, 2))
+
+
+def test_stepwise_metrics_ignore_unused_slots_and_need_values():
+    rewards = torch.tensor([1.0, 0.0])
+    values = torch.tensor([[0.0, 9.0], [1.0, 9.0]])
+    valid = torch.tensor([[True, False], [True, False]])
+    _, m = estimator("stepwise")(rewards, 2, values, valid)
+    assert m["egspo_sa/value_mean"] == pytest.approx(0.5)  # the 9s of unused slots are left out
+    assert m["egspo_sa/reward_minus_value"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="values"):
+        estimator("stepwise")(rewards, 2)
+
+
+def test_configs_validate_and_registry_names():
+    assert ADVANTAGES.names() == ["group", "group_std", "loo", "per_token", "stepwise", "zscore"]
+    assert GroupConfig().name == "group" and LOOConfig().name == "loo" and AdvantageConfig().name == "group_std"
+    with pytest.raises(ConfigError, match="advantage.lam"):
+        StepwiseConfig(lam=-1).validate()
+    with pytest.raises(ConfigError, match="advantage.eps"):
+        AdvantageConfig(eps=0).validate()
+
+
+@pytest.mark.parametrize("objective,advantage,ok", [
+    ("grpo", "loo", True), ("grpo", "stepwise", False), ("stabledrl", "group", True), ("grpo", "per_token", True),
+    ("stabledrl", "per_token", False), ("egspo", "per_token", False),
+    ("egspo", "stepwise", True), ("egspo_sa", "group_std", False), ("egspo_sa", "stepwise", True),
+])
+def test_objectives_refuse_estimators_they_cannot_use(tmp_path, objective, advantage, ok):
+    from diffusion_rl.app.train import build
+    from tests.helpers.common import compose_cfg
+
+    cfg = compose_cfg([f"objective={objective}", f"advantage={advantage}"], tmp_path)
+    if ok:
+        assert build(cfg).advantage.cfg.name == advantage
+    else:
+        with pytest.raises(ConfigError) as err:
+            build(cfg)
+        assert str(err.value).startswith(f"advantage.name='{advantage}' is invalid: objective {objective}")
+
+
+def test_per_token_credit_hand_computed():
+    rewards = torch.tensor([1.0, 0.5])  # one group of G = 2
+    token_rewards = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.0]])  # each row sums to its reward
+    adv, m = estimator("per_token")(rewards, 2, token_rewards=token_rewards)
+    scale = torch.tensor([0.5, 0.0]).std().item() + 1e-4  # position 0: one sample earned, one did not
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]]) / scale)
+    assert m["advantage/credited_token_frac"] == pytest.approx(3 / 6)
+    # unscaled, a sample's token advantages add up to its centred reward: the same signal, split
+    centred = adv * scale
+    seq, _ = estimator("group")(rewards, 2)
+    assert torch.allclose(centred.sum(-1), seq, atol=1e-4)
+    with pytest.raises(ValueError, match="token"):
+        estimator("per_token")(rewards, 2)

@@ -1,0 +1,106 @@
+"""Behaviour correction for approximate rollouts (rl/objectives/behaviour.py and the shared loss template):
+TIS weights and mismatch metrics hand-checked, the sampler's log-probs in each estimator's units."""
+
+import math
+
+import pytest
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood.base import LikelihoodConfig
+from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator
+from diffusion_rl.likelihood.one_step import OneStepEstimator
+from diffusion_rl.likelihood.staircase import StaircaseConfig, StaircaseEstimator
+from diffusion_rl.models.policy import logits_fn
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.behaviour import mismatch_metrics, tis_weights
+from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
+from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig
+from tests.unit.rl.test_stabledrl import make_rollout
+
+
+def test_tis_weights_hand_computed():
+    mismatch = torch.tensor([[0.0, math.log(2.0)], [-math.log(3.0), 1.0]])  # log q - log pi_old
+    w = tis_weights(mismatch, cap=2.0)
+    assert torch.allclose(w, torch.tensor([[1.0, 0.5], [2.0, math.exp(-1.0)]]))  # exp(-m), 3 capped at 2
+    m = mismatch_metrics(mismatch, torch.tensor([[1.0, 1.0], [1.0, 0.0]]), w, 2.0)  # the last unit does not count
+    vals = torch.tensor([0.0, math.log(2.0), -math.log(3.0)])
+    assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(vals.mean().item(), abs=1e-6)
+    assert m["rollout/mismatch_log_ratio_std"].item() == pytest.approx(vals.std().item(), abs=1e-6)
+    assert m["tis/weight_mean"].item() == pytest.approx((1.0 + 0.5 + 2.0) / 3, abs=1e-6)
+    assert m["tis/clip_frac"].item() == pytest.approx(1 / 3)
+
+
+def test_sampler_log_probs_in_each_estimators_units():
+    logp = torch.tensor([[-1.0, -2.0, -3.0, -4.0], [-0.5, -0.5, -1.0, 0.0]])
+    cmask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])  # row 1 ends at token 1
+    assert torch.equal(OneStepEstimator(LikelihoodConfig(), 1).sampler_units(logp, cmask), logp)  # per token
+    mean = ELBOEstimator(ELBOConfig(weighting="mean"), 1).sampler_units(logp, cmask)
+    assert mean.tolist() == pytest.approx([-2.5, -0.5])  # mean over the scored tokens
+    summed = ELBOEstimator(ELBOConfig(weighting="inverse_t", t_min=0.001), 1).sampler_units(logp, cmask)
+    assert summed.tolist() == pytest.approx([-10.0, -1.0])  # the sum: 1/t at t = 1
+    after = ELBOEstimator(ELBOConfig(weighting="inverse_t", t_min=0.001, score_after_eos=True), 1).sampler_units(logp, cmask)
+    assert after.tolist() == pytest.approx([-10.0, -2.0])
+    stair = StaircaseEstimator(StaircaseConfig(weighting="mean"), 1, block_size=2).sampler_units(logp, cmask)
+    assert stair.tolist() == pytest.approx([-1.5 - 3.5, -0.5])  # sum over blocks of each block's mean
+
+
+def _ctx(bundle, ro):
+    f = logits_fn(bundle.net)
+    return StepContext(ro, 0, 3, f, f, None)
+
+
+def test_tis_scales_each_units_advantage_in_the_shared_template(tiny_bundle):
+    """GRPO (one-step, per-token units) at theta = theta_old: ratio 1, so the loss is
+    -mean_b(sum_t A_b w_bt m_bt / sum_t m_bt) with w = min(pi_old / q, cap) per token."""
+    ro = make_rollout(tiny_bundle)
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    plain = GRPO(GRPOConfig(beta=0.0), lik)
+    old = plain.behaviour(_ctx(tiny_bundle, ro))  # (n, L) the estimator at theta_old
+    shift = torch.linspace(-1.0, 1.5, old.numel()).view_as(old)
+    ro.sampler_logp = old + shift  # a sampler that is off by a known amount per token
+    loss_none, m_none = plain.loss(_ctx(tiny_bundle, ro))
+    tis = GRPO(GRPOConfig(beta=0.0, behaviour_correction="tis", tis_cap=2.0), lik)
+    loss_tis, m_tis = tis.loss(_ctx(tiny_bundle, ro))
+    mask, adv = ro.completion_mask, ro.advantages[:, None]
+    w = torch.exp(-shift).clamp(max=2.0)
+    want = -((adv * w * mask).sum(-1) / mask.sum(-1)).mean()
+    assert loss_tis.item() == pytest.approx(want.item(), abs=1e-5)
+    assert loss_none.item() == pytest.approx(-adv.mean().item(), abs=1e-5)
+    counted = shift[mask.bool()]
+    for m in (m_none, m_tis):
+        assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(counted.mean().item(), abs=1e-4)
+        assert m["rollout/mismatch_log_ratio_std"].item() == pytest.approx(counted.std().item(), abs=1e-4)
+    assert "tis/weight_mean" in m_tis and "tis/weight_mean" not in m_none
+
+
+def test_tis_in_stabledrl_weights_each_sequence(tiny_bundle):
+    """StableDRL at theta = theta_old: self-normalised weights 1/G, so the loss is
+    -mean_groups sum_j (1/G) A_j t_j ELBO_j with the TIS weight t_j of sequence j."""
+    ro = make_rollout(tiny_bundle)
+    est = ELBOEstimator(ELBOConfig(), tiny_bundle.mask_token_id)
+    obj = StableDRL(StableDRLConfig(beta=0.0, behaviour_correction="tis", tis_cap=1.5), est)
+    ctx = _ctx(tiny_bundle, ro)
+    elbo = obj.behaviour(ctx)[:, 0]  # (n,)
+    shift = torch.tensor([0.5, -0.2, -2.0, 0.0, 1.0, -0.1, 0.3, -0.5])
+    # the sampler's per-token log-probs whose mean over the scored tokens (weighting=mean) is elbo + shift
+    ro.sampler_logp = (elbo + shift)[:, None].expand_as(ro.completion_ids).clone()
+    loss, m = obj.loss(ctx)
+    t = torch.exp(-shift).clamp(max=1.5)
+    G = ro.group_size
+    want = -((ro.advantages * t * elbo).view(-1, G).sum(-1) / G).mean()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(shift.mean().item(), abs=1e-5)
+    assert m["tis/clip_frac"].item() == pytest.approx(2 / 8)  # exp(2.0) and exp(0.5) exceed 1.5
+
+
+def test_tis_needs_the_samplers_log_probs_and_is_validated(tiny_bundle):
+    ro = make_rollout(tiny_bundle)  # hand-made: no sampler log-probs
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    _, m = GRPO(GRPOConfig(beta=0.0), lik).loss(_ctx(tiny_bundle, ro))
+    assert "rollout/mismatch_log_ratio" not in m
+    with pytest.raises(RuntimeError, match="behaviour_correction"):
+        GRPO(GRPOConfig(beta=0.0, behaviour_correction="tis"), lik).loss(_ctx(tiny_bundle, ro))
+    for kw, key in [({"behaviour_correction": "is"}, "objective.behaviour_correction"), ({"tis_cap": 0.5}, "objective.tis_cap")]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            GRPOConfig(**kw).validate()

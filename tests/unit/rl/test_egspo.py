@@ -1,0 +1,438 @@
+"""EGSPO: trajectory recording and reconstruction, step selectors, stepwise likelihood, losses."""
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood.base import LikelihoodConfig
+from diffusion_rl.likelihood.one_step import OneStepEstimator
+from diffusion_rl.likelihood.stepwise import stepwise_logps
+from diffusion_rl.models.policy import decode_completions, encode_prompts, logits_fn
+from diffusion_rl.rl.advantages import ADVANTAGES, StepwiseAdvantage, StepwiseConfig
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.egspo import EGSPO, EGSPOConfig, last_content_step, slice_slots
+from diffusion_rl.rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
+from diffusion_rl.rl.objectives.grpo import grpo_loss
+from diffusion_rl.rl.objectives.selectors import SELECTORS, steps_up_to
+from diffusion_rl.rl.rollout import RolloutEngine
+from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+
+PROMPTS = ["1203=", "40", "0000000=", "12"]  # different lengths: left padding is exercised
+
+
+class Spy:
+    """Keeps what the sampler passes to a recorder, for comparison."""
+
+    def __init__(self, inner):
+        self.inner, self.x, self.committed, self.drawn_masks = inner, [], [], 0
+
+    def on_step(self, step, x_before, logits, candidates, committed):
+        self.x.append(x_before.clone())
+        # a drawn mask token is no commit: the position stays masked
+        self.committed.append(committed & (candidates != self.inner.mask_id))
+        self.drawn_masks += int((committed & (candidates == self.inner.mask_id)).sum())
+        self.inner.on_step(step, x_before, logits, candidates, committed)
+
+
+def _rollout(bundle, prompts=PROMPTS, steps=4, record_greedy=True, seed=1):
+    ids, mask = encode_prompts(bundle.tokenizer, prompts)
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=steps, temperature=0.9)
+    fwd = logits_fn(bundle.net.eval())
+    rec = TrajectoryRecorder(bundle.mask_token_id, record_greedy=record_greedy)
+    spy = Spy(rec)
+    out = generate(fwd, ids, mask, cfg, bundle.mask_token_id, torch.Generator().manual_seed(seed), spy)
+    attn = torch.cat([mask, torch.ones_like(out.completion)], 1)
+    return fwd, ids, mask, attn, out, rec, spy
+
+
+def test_sampler_entropy_equals_the_trajectory_records(tiny_bundle):
+    """train/entropy comes from the sampler's own per-row sums; the trajectory's per-step means agree."""
+    ids, mask = encode_prompts(tiny_bundle.tokenizer, PROMPTS)
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.9)
+    rec = TrajectoryRecorder(tiny_bundle.mask_token_id)
+    # a seed at which no row draws the mask token itself (which the recorder does not count as a
+    # commit: test_drawn_mask_tokens_stay_masked_in_the_reconstruction)
+    out = generate(logits_fn(tiny_bundle.net.eval()), ids, mask, cfg, tiny_bundle.mask_token_id,
+                   torch.Generator().manual_seed(4), rec)
+    assert out.num_committed.tolist() == [8] * 4 and rec.counts.sum(-1).tolist() == [8] * 4
+    per_row = (rec.entropies * rec.counts.float()).sum(-1)  # (B,)
+    assert torch.allclose(out.entropy_sum.float(), per_row, rtol=1e-5) and bool((per_row > 0).all())
+
+
+def test_recorded_values_match_a_separate_forward_on_reconstructed_states(tiny_bundle):
+    fwd, ids, mask, attn, out, rec, spy = _rollout(tiny_bundle)
+    assert rec.num_steps == 4 and rec.logps.shape == rec.entropies.shape == (4, 4)
+    _check_against_a_new_forward(fwd, ids, attn, out, rec, spy, tiny_bundle.mask_token_id)
+
+
+def test_drawn_mask_tokens_stay_masked_in_the_reconstruction():
+    """A model that often draws the mask token itself: reconstruction and records still agree."""
+    V, m = 6, 5
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(V, V, generator=g)
+
+    def fwd(ids, attn):  # deterministic in the input, so a second forward reproduces the logits
+        logits = W[ids] + torch.arange(ids.shape[1])[None, :, None] * 0.1
+        logits[..., m] += 1.5  # the mask token is likely
+        return logits
+
+    ids = torch.tensor([[1, 2], [3, 4]])
+    rec = TrajectoryRecorder(m)
+    spy = Spy(rec)
+    cfg = SamplerConfig(gen_length=8, block_length=8, steps=8, temperature=1.0)
+    out = generate(fwd, ids, None, cfg, m, torch.Generator().manual_seed(3), spy)
+    assert spy.drawn_masks > 0  # the case is exercised
+    _check_against_a_new_forward(fwd, ids, None, out, rec, spy, m)
+
+
+def _check_against_a_new_forward(fwd, ids, attn, out, rec, spy, m):
+    T = rec.num_steps
+    # reconstruction: the exact states the sampler was in, and the two ends
+    for s in range(T):
+        assert torch.equal(rec.state_before(s), spy.x[s])
+        assert torch.equal(rec.commit_step.long() == s, spy.committed[s])
+    assert torch.equal(rec.state_before(0)[:, : ids.shape[1]], ids)
+    assert (rec.state_before(0)[:, ids.shape[1]:] == m).all()
+    assert torch.equal(rec.state_before(T), out.sequences)
+    assert torch.equal(rec.final, out.sequences)
+    for s in range(T):
+        state = rec.state_before(s)
+        committed = rec.commit_step.long() == s
+        with torch.no_grad():
+            logits = fwd(state, attn)  # a new forward, not the sampler's
+        logp = logits.log_softmax(-1)
+        tok = logp.gather(-1, out.sequences[..., None]).squeeze(-1)  # (B, T)
+        ent = -(logp.exp() * logp).sum(-1)
+        want_lp = (tok * committed).sum(-1)
+        want_ent = (ent * committed).sum(-1) / committed.sum(-1).clamp_min(1)
+        assert torch.allclose(rec.logps[:, s], want_lp, atol=1e-4), s
+        assert torch.allclose(rec.entropies[:, s], want_ent, atol=1e-4), s
+        assert torch.equal(rec.counts[:, s].long(), committed.sum(-1))
+        # greedy completion = argmax fill of every still-masked position
+        no_mask = logits.clone()
+        no_mask[..., m] = float("-inf")
+        want_greedy = torch.where(state == m, no_mask.argmax(-1), state)
+        assert torch.equal(rec.greedy_completion(s), want_greedy), s
+        assert (rec.greedy_completion(s) != m).all()
+        # the stepwise likelihood on the batched states agrees with the recording
+        with torch.no_grad():
+            lp = stepwise_logps(fwd, state, attn, committed, out.sequences)
+            lp_mean = stepwise_logps(fwd, state, attn, committed, out.sequences, reduce="mean")
+        assert torch.allclose(lp, rec.logps[:, s], atol=1e-4)
+        assert torch.allclose(lp_mean, rec.logps[:, s] / committed.sum(-1).clamp_min(1), atol=1e-4)
+
+
+def test_states_at_gathers_per_sample_steps(tiny_bundle):
+    *_, rec, spy = _rollout(tiny_bundle, record_greedy=False)
+    steps = torch.tensor([[3, 0], [1, 2], [0, 0], [2, 3]])
+    states, committed = rec.states_at(steps)
+    assert states.shape[0] == 8
+    for b in range(4):
+        for k in range(2):
+            assert torch.equal(states[2 * b + k], spy.x[steps[b, k]][b])
+            assert torch.equal(committed[2 * b + k], spy.committed[steps[b, k]][b])
+    with pytest.raises(RuntimeError):
+        rec.greedy_completion(0)  # not recorded for plain EGSPO
+
+
+def test_memory_figure_in_docstring():
+    """T=128, L=256, blocks of 32 (2 tokens per step): the arithmetic of the module docstring."""
+    V, mask_id = 50, 49
+    g = torch.Generator().manual_seed(0)
+
+    def fwd(ids, attn):
+        logits = torch.randn(ids.shape[0], ids.shape[1], V, generator=g)
+        logits[..., mask_id] = float("-inf")
+        return logits
+
+    rec = TrajectoryRecorder(mask_id)
+    cfg = SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=1.0, gumbel_dtype="float32")
+    generate(fwd, torch.zeros(1, 0, dtype=torch.long), None, cfg, mask_id, g, rec)
+    greedy_entries = sum(256 - 2 * s for s in range(128))  # still-masked positions before each step
+    # V fits int16 here (2 bytes per greedy token); LLaDA's 126,464 ids need int32 (4 bytes): 69,888 B
+    assert rec.nbytes() == 2 * 256 + 8 * 256 + 128 * (4 + 4 + 2) + 2 * greedy_entries
+    assert rec.nbytes() - 2 * greedy_entries + 4 * greedy_entries == 69888
+
+
+# ---- selectors ----------------------------------------------------------------------------
+def test_entropy_selector_picks_highest_entropy_steps():
+    H = torch.tensor([[0.1, 0.9, 0.3, 0.8, 0.2, 0.7], [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    idx = SELECTORS.get("entropy")(H, 3)
+    assert idx.tolist() == [[1, 3, 5], [0, 1, 2]]  # highest first: slot k = k-th highest entropy
+    cand = steps_up_to(torch.tensor([2, 5]), 6)
+    assert SELECTORS.get("entropy")(H, 3, cand).tolist() == [[1, 2, 0], [0, 1, 2]]
+    # fewer candidates than K: unused slots are -1
+    assert SELECTORS.get("entropy")(H, 3, steps_up_to(torch.tensor([1, 0]), 6)).tolist() == [[1, 0, -1], [0, -1, -1]]
+
+
+@pytest.mark.parametrize("name", ["random", "uniform"])
+def test_random_and_uniform_include_the_last_step(name):
+    H = torch.rand(16, 32, generator=torch.Generator().manual_seed(0))
+    for K in (1, 4, 8):
+        idx = SELECTORS.get(name)(H, K, None, torch.Generator().manual_seed(K))
+        assert idx.shape == (16, K)
+        assert (idx[:, -1] == 31).all()
+        assert all(len(set(r)) == K for r in idx.tolist())  # distinct steps
+        assert (idx[:, 1:] > idx[:, :-1]).all()  # step order
+    last = torch.arange(16) + 10
+    idx = SELECTORS.get(name)(H, 4, steps_up_to(last, 32), torch.Generator().manual_seed(0))
+    assert torch.equal(idx[:, -1], last) and (idx <= last[:, None]).all()
+    if name == "uniform":
+        assert SELECTORS.get(name)(torch.zeros(1, 128), 8).tolist() == [[15, 31, 47, 63, 79, 95, 111, 127]]
+    else:
+        a = SELECTORS.get(name)(H, 4, None, torch.Generator().manual_seed(3))
+        b = SELECTORS.get(name)(H, 4, None, torch.Generator().manual_seed(3))
+        c = SELECTORS.get(name)(H, 4, None, torch.Generator().manual_seed(4))
+        assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_stop_at_last_content_uses_the_last_step_before_eos():
+    """Hand-built trajectory: prompt of 1 token, 4 completion tokens committed one per step."""
+    M, EOS, A, B = 9, 2, 5, 6
+    rec = TrajectoryRecorder(M)
+    order = [(1, A), (2, EOS), (3, B), (4, EOS)]  # (position, token) committed at steps 0..3
+    x = torch.tensor([[7, M, M, M, M]])
+    for s, (pos, tok) in enumerate(order):
+        committed = torch.zeros(1, 5, dtype=torch.bool)
+        committed[0, pos] = True
+        cand = torch.full((1, 5), tok)
+        rec.on_step(s, x.clone(), torch.randn(1, 5, 10), cand, committed)
+        x = torch.where(committed, cand, x)
+    comp = x[:, 1:]
+    cmask = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    assert last_content_step(rec, comp, cmask, EOS).tolist() == [0]  # 'A' at step 0; 'B' after the EOS is not text
+    comp = torch.tensor([[EOS, A, B, EOS]])  # empty answer: the step that placed the EOS
+    rec.final[0, 1:] = comp
+    cmask = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    assert last_content_step(rec, comp, cmask, EOS).tolist() == [0]
+    rec.commit_step[0, 1:] = torch.tensor([2, 0, 1, 3], dtype=torch.int16)
+    assert last_content_step(rec, comp, cmask, EOS).tolist() == [2]
+
+
+# ---- pure math ----------------------------------------------------------------------------
+def _step_loss(logp, old, adv, mask=None):
+    """EGSPO's per-step loss: GRPO's clipped surrogate with EGSPO's clip range, advantages per step."""
+    mask = torch.ones_like(logp) if mask is None else mask
+    return grpo_loss(logp, old, adv, mask, EGSPOConfig(eps=0.2, eps_high=0.5), group_size=1)
+
+
+def test_step_loss_hand_computed_and_clipping_on_both_sides():
+    # inside the clip range: -mean(rho * A), gradient -rho * A / n
+    logp = torch.tensor([[0.1, -0.1]], requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0]])
+    loss, m = _step_loss(logp, torch.zeros(1, 2), adv)
+    assert loss.item() == pytest.approx(-(math.exp(0.1) * 1 - math.exp(-0.1) * 2) / 2, rel=1e-6)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-math.exp(0.1) / 2, math.exp(-0.1)]]), atol=1e-6)
+    assert m["ratio/clip_frac_low"].item() == 0 and m["ratio/clip_frac_high"].item() == 0
+    # A > 0, rho = 2 > 1 + eps_high: clipped at 1.5, no gradient
+    logp = torch.tensor([[math.log(2.0)]], requires_grad=True)
+    loss, m = _step_loss(logp, torch.zeros(1, 1), torch.tensor([[1.0]]))
+    assert loss.item() == pytest.approx(-1.5)
+    loss.backward()
+    assert logp.grad.item() == 0 and m["ratio/clip_frac_high"].item() == 1
+    # A < 0, rho = 0.5 < 1 - eps: clipped at 0.8, no gradient
+    logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    loss, m = _step_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]))
+    assert loss.item() == pytest.approx(0.8)
+    loss.backward()
+    assert logp.grad.item() == 0 and m["ratio/clip_frac_low"].item() == 1
+    # A > 0, rho = 0.5 below the range: not clipped (the min keeps rho * A)
+    logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    loss, _ = _step_loss(logp, torch.zeros(1, 1), torch.tensor([[1.0]]))
+    assert loss.item() == pytest.approx(-0.5)
+    loss.backward()
+    assert logp.grad.item() == pytest.approx(-0.5)
+
+
+def test_step_loss_ignores_unused_slots():
+    logp = torch.tensor([[0.0, 0.0], [0.3, 7.0]])
+    adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    valid = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, m = _step_loss(logp, torch.zeros(2, 2), adv, valid)
+    assert loss.item() == pytest.approx((-1.0 - 2 * math.exp(0.3)) / 2)  # the unused slot is ignored
+    assert m["ratio/log_max"].item() == pytest.approx(0.3)
+    allmasked, _ = _step_loss(logp, logp, adv, torch.zeros(2, 2))
+    assert torch.isfinite(allmasked)
+
+
+def test_slice_schedule_covers_all_slots():
+    assert [slice_slots(i, 8, 4) for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [slice_slots(i, 4, 2) for i in range(3)] == [[0, 1], [2, 3], [0, 1]]  # mu * K' > K wraps around
+    assert EGSPOConfig(K=8, mu=2).per_update == 4
+    assert EGSPOConfig(K=8, mu=3).per_update == 3
+    assert EGSPOConfig(K=8, mu=3, steps_per_update=8).per_update == 8
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs,key",
+    [
+        (EGSPOConfig, {"K": 0}, "objective.K"),
+        (EGSPOConfig, {"select": "foo"}, "objective.select"),
+        (EGSPOConfig, {"reduce": "max"}, "objective.reduce"),
+        (EGSPOConfig, {"K": 4, "steps_per_update": 5}, "objective.steps_per_update"),
+        (EGSPOConfig, {"old_logp": "x"}, "objective.old_logp"),
+        (EGSPOConfig, {"eps": 1.5}, "objective.eps"),
+    ],
+)
+def test_config_errors(cls, kwargs, key):
+    with pytest.raises(ConfigError) as err:
+        cls(**kwargs).validate()
+    assert str(err.value).startswith(key + "=")
+
+
+# ---- the objectives on a real rollout ------------------------------------------------------
+class TextTask:
+    """A reward that depends on the text, so greedy completions get different values."""
+
+    cfg = SimpleNamespace(group_size=2, loss_mask="all")
+
+    def prompt(self, item):
+        return item["prompt"]
+
+    def score(self, completions, items):
+        r = torch.tensor([(sum(map(ord, c)) % 7) / 7 for c in completions])
+        return r, {"text": r}
+
+    def canvas(self, items, tokenizer, length, mask_id):
+        return None  # pins nothing (Task.canvas)
+
+
+ITEMS = [{"prompt": "1203="}, {"prompt": "0000000="}]  # different lengths: left padding is exercised
+
+
+def _rollout_of(bundle, objective, advantage: str, steps=4, **adv_kw):
+    cls = ADVANTAGES.get(advantage)
+    sampler = SamplerConfig(gen_length=8, block_length=4, steps=steps, temperature=0.9)
+    engine = RolloutEngine(bundle, TextTask(), objective, cls(cls.config_class(**adv_kw)), sampler, seed=1)
+    return engine(ITEMS, bundle.net, rollout_id=0)
+
+
+def _ctx(bundle, ro):
+    f = logits_fn(bundle.net)
+    return StepContext(ro, 0, 0, f, f, None)
+
+
+def _grads(bundle, obj, ro, mu):
+    ctx, out = _ctx(bundle, ro), []
+    for it in range(mu):
+        ctx.inner_iter = it
+        bundle.net.zero_grad()
+        loss, m = obj.loss(ctx)
+        loss.backward()  # at theta_old the loss is -mean(A) = 0; the gradient carries the signal
+        out.append(torch.cat([p.grad.flatten() for p in bundle.net.parameters() if p.grad is not None]))
+        assert m["ratio/log_max"].item() == 0 and m["ratio/log_min"].item() == 0  # theta == theta_old
+        assert m["egspo/slice_start"].item() == 2 * it
+        assert m["cost/forwards_per_sample"].item() == pytest.approx(4 / 2 + 2 + 2)
+    return torch.stack(out)
+
+
+def test_sa_with_lam_zero_equals_egspo_and_values_are_greedy_rewards(tiny_bundle):
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    egspo = EGSPO(EGSPOConfig(K=4, mu=2), lik)
+    sa = EGSPOSA(EGSPOSAConfig(K=4, mu=2), lik)
+    ro = _rollout_of(tiny_bundle, egspo, "group")
+    ro0 = _rollout_of(tiny_bundle, sa, "stepwise", lam=0.0, std_scale=False)
+    ro5 = _rollout_of(tiny_bundle, sa, "stepwise", lam=0.5)
+    assert torch.equal(ro.completion_ids, ro5.completion_ids)  # recording greedy completions changes nothing
+    g, g0, g5 = (_grads(tiny_bundle, o, r, 2) for o, r in ((egspo, ro), (sa, ro0), (sa, ro5)))
+    assert torch.equal(g, g0) and g.abs().sum() > 0
+    assert not torch.allclose(g, g5)  # the values do matter
+    # V_s is the reward of the decoded greedy completion at the selected step
+    traj, steps = ro5.trajectory, ro5.selected_steps
+    assert torch.equal(steps, SELECTORS.get("entropy")(traj.entropies, 4))
+    L = ro5.completion_ids.shape[1]
+    V = torch.zeros(4, 4)
+    for b in range(4):
+        for k in range(4):
+            comp = traj.greedy_completion(int(steps[b, k]))[b : b + 1, -L:]
+            V[b, k] = TextTask().score(decode_completions(tiny_bundle.tokenizer, comp, tiny_bundle.eos_token_id), [])[0][0]
+    want, _ = StepwiseAdvantage(StepwiseConfig(lam=0.5))(ro5.rewards, 2, V)
+    assert torch.allclose(ro5.advantages, want)
+    assert "time/score_s" in ro5.metrics and "egspo_sa/value_mean" in ro5.metrics
+
+
+def test_old_logp_recorded_matches_recomputed_and_k_checked(tiny_bundle):
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    res = {}
+    for mode in ("recompute", "recorded"):
+        obj = EGSPO(EGSPOConfig(K=4, mu=1, old_logp=mode, reduce="mean"), lik)
+        res[mode] = obj.loss(_ctx(tiny_bundle, _rollout_of(tiny_bundle, obj, "group")))
+    assert res["recorded"][0].item() == pytest.approx(res["recompute"][0].item(), abs=1e-5)
+    assert abs(res["recorded"][1]["ratio/log_max"].item()) < 1e-4
+    assert res["recorded"][1]["cost/old_forwards_per_sample"].item() == 0
+    assert res["recompute"][1]["cost/old_forwards_per_sample"].item() == 4
+    with pytest.raises(ConfigError, match="objective.K"):
+        _rollout_of(tiny_bundle, EGSPO(EGSPOConfig(K=8), lik), "group")
+
+
+@pytest.mark.parametrize("select", ["random", "uniform"])
+def test_stop_at_last_content_in_step_selection(tiny_bundle, select):
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    obj = EGSPOSA(EGSPOSAConfig(K=3, mu=1, select=select, stop_at_last_content=True), lik)
+    ro = _rollout_of(tiny_bundle, obj, "stepwise", steps=8)
+    last = last_content_step(ro.trajectory, ro.completion_ids, ro.completion_mask, tiny_bundle.eos_token_id)
+    last = steps_up_to(last, 8).long().cumsum(-1).argmax(-1)  # (N,)
+    for b in range(4):
+        chosen = ro.selected_steps[b][ro.selected_steps[b] >= 0]
+        assert chosen.max() == last[b] and (chosen <= last[b]).all()
+    loss, _ = obj.loss(_ctx(tiny_bundle, ro))
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("objective,lr", [("egspo", 1e-4), ("egspo_sa", 1e-4), ("grpo", 3e-4), ("stabledrl", 3e-4)])
+def test_objective_selects_its_optimiser_preset_and_the_command_line_wins(tmp_path, objective, lr):
+    from tests.helpers.common import compose_cfg
+
+    cfg = compose_cfg([f"objective={objective}"], tmp_path)
+    assert cfg.optim.lr == pytest.approx(lr) and cfg.optim.grad_clip == 1.0  # the rest is optim/default
+    assert compose_cfg([f"objective={objective}", "optim.lr=5e-5"], tmp_path).optim.lr == pytest.approx(5e-5)
+
+
+def test_selection_experiment_sweeps_selectors_and_seeds_with_egspo_defaults(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from tests.helpers.common import CONF, compose_cfg
+
+    cfg = compose_cfg(["experiment=egspo_selection"], tmp_path, tiny=False)
+    assert cfg.objective.name == "egspo" and cfg.optim.lr == pytest.approx(1e-4) and cfg.task.name == "sudoku"
+    assert (cfg.objective.K, cfg.sampler.steps) == (2, 16)  # one step in eight, as the paper's 8 of 128
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        full = compose(config_name="config", overrides=["experiment=egspo_selection"], return_hydra_config=True)
+    params = full.hydra.sweeper.params
+    assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform", "low_entropy"}
+    assert len(params["seed"].split(",")) == 3
+
+
+def test_low_entropy_selector_is_the_mirror_of_entropy():
+    H = torch.tensor([[0.1, 0.9, 0.3, 0.8, 0.2, 0.7]])
+    assert SELECTORS.get("low_entropy")(H, 3).tolist() == [[0, 4, 2]]
+    assert SELECTORS.get("low_entropy")(H, 2, steps_up_to(torch.tensor([1]), 6)).tolist() == [[0, 1]]
+    assert SELECTORS.get("low_entropy")(H, 3, steps_up_to(torch.tensor([0]), 6)).tolist() == [[0, -1, -1]]
+
+
+def test_gradient_fidelity_report_says_whether_the_bound_held():
+    """scripts/egspo_gradient_fidelity.py states its answer from the measured order of the selectors."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "scripts" / "egspo_gradient_fidelity.py"
+    spec = importlib.util.spec_from_file_location("egspo_gradient_fidelity", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def seed(**cos):
+        return {"selectors": {n: {"cosine": c} for n, c in cos.items()}}
+
+    held = [seed(entropy=0.8, random=0.6, uniform=0.7, low_entropy=0.0),
+            seed(entropy=0.5, random=0.6, uniform=0.55, low_entropy=-0.1)]
+    text = mod.answer(held)
+    assert text.startswith("The prediction held") and "entropy > uniform > random > low_entropy" in text
+    assert "closest in 1 of 2 seeds" in text
+    assert mod.answer([seed(entropy=0.5, random=0.9, uniform=0.7, low_entropy=0.1)]).startswith(
+        "The prediction did not hold")

@@ -1,0 +1,547 @@
+"""SPG (rl/objectives/spg.py) and its block-wise masks (likelihood/spg_blocks.py): parity with a
+transcription of the public code, the sandwich EUBO >= log p >= ELBO where it holds, invariants, configs.
+
+The reference functions below are written from facebookresearch/SPG @ a1c7120, ``spg/spg_trainer.py``
+(``forward_process`` block_random, ``_get_per_seq_logps``, ``compute_loss``), in its operations and
+order, and import nothing from the project's implementation.
+"""
+
+import copy
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood.base import forward_logps
+from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator, elbo_from_logps, eubo_from_logps
+from diffusion_rl.likelihood.spg_blocks import SPGBlocksConfig, SPGBlocksEstimator
+from diffusion_rl.models.policy import logits_fn
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.spg import SPG, SPGConfig, spg_loss
+from diffusion_rl.rl.rollout import RolloutEngine
+from diffusion_rl.sampling.sampler import completion_mask
+from tests.helpers.common import compose_cfg, rollout_of
+
+MASK = 99
+
+
+# ---------------------------------------------------------------- the public code, transcribed
+
+
+def public_block_random(batch, prompt_len, completion_mask, mask_id, num_t, block_length, min_t, max_t,
+                        p_mask_prompt, g):
+    """SPG's forward_process(forward_type="block_random", use_mask_prompt=True); its global RNG
+    (set_seed) replaced by the generator ``g``. -> noisy batch (b, num_t, l), block mask."""
+    b, seq_len = batch.shape
+    prompt_index = torch.zeros(seq_len, dtype=torch.bool)
+    prompt_index[:prompt_len] = True
+    gen_length = (seq_len - prompt_index.sum()).item()
+    assert gen_length % block_length == 0
+    num_blocks = gen_length // block_length
+    completion_num_blocks = (completion_mask.sum(-1) - 1) // block_length + 1
+    assert num_t <= num_blocks
+    indices = torch.arange(num_blocks).repeat(b, 1)
+    for i in range(b):
+        indices[i] = indices[i][torch.randperm(num_blocks, generator=g)] % completion_num_blocks[i]
+    mask_block_idx = indices[:, :num_t]
+    is_mask = torch.zeros((b, num_t, seq_len), dtype=torch.bool)
+    block_mask = torch.ones((b, num_t, seq_len), dtype=torch.bool)
+    for i in range(b):
+        for j in range(num_t):
+            is_mask[i, j, -(num_blocks - mask_block_idx[i, j]) * block_length:] = True
+            if mask_block_idx[i, j] < num_blocks - 1:
+                block_mask[i, j, -(num_blocks - mask_block_idx[i, j] - 1) * block_length:] = False
+    completion_length = completion_mask.sum(-1)
+    is_mask_following = torch.ones((b, num_t, seq_len), dtype=torch.bool)
+    for i in range(b):
+        for j in range(num_t):
+            mask_length = min(block_length, completion_length[i] - block_length * mask_block_idx[i, j])
+            assert mask_length > 0
+            start_mask_num = max(int(mask_length * min_t), 1)
+            end_mask_num = min(int(mask_length * max_t), mask_length)
+            mask_num = torch.randint(start_mask_num, end_mask_num + 1, (1, 1), generator=g)
+            idx = torch.arange(block_length).repeat(1, 1, 1)
+            is_mask_next = idx < mask_num.unsqueeze(2)
+            start = -(num_blocks - mask_block_idx[i, j]) * block_length
+            if mask_block_idx[i, j] == num_blocks - 1 and mask_length == block_length:
+                is_mask_following[i, j, start:] = is_mask_next[0, 0][torch.randperm(block_length, generator=g)]
+            else:
+                is_mask_following[i, j, start:start + mask_length] = \
+                    is_mask_next[0, 0, :mask_length][torch.randperm(int(mask_length), generator=g)]
+    completion_mask_append = torch.cat((torch.ones(b, num_t, prompt_len, dtype=torch.bool),
+                                        completion_mask.unsqueeze(1).repeat(1, num_t, 1)), dim=2).to(torch.bool)
+    t_p = torch.ones(b, num_t) * p_mask_prompt
+    random_matrix = torch.rand((b, num_t, seq_len), generator=g)
+    is_mask_prompt = ~is_mask & (random_matrix < t_p.unsqueeze(2))
+    is_mask = is_mask_prompt | (is_mask & is_mask_following) | ~completion_mask_append
+    noisy_batch = torch.where(is_mask, mask_id, batch.unsqueeze(1).repeat(1, num_t, 1))
+    return noisy_batch, block_mask
+
+
+def public_per_seq_logps(logits, noisy, input_ids, logits_to_keep, completion_mask, reward_mask, mask_id,
+                         logp_estimation="mix", eubo_beta=1.5, mix_weight=0.5):
+    """SPG's _get_per_seq_logps after the forward, num_iterations = 1: logits (b, num_t, l, V) of the
+    noisy batch (b, num_t, l). -> (1, b)"""
+    batch_size, num_t = noisy.shape[:2]
+    num_iterations = 1
+    perturb_mask = noisy == mask_id
+    completion_logits = logits[:, :, -logits_to_keep:, :]
+    completion_targets = input_ids[:, -logits_to_keep:]
+    perturb_mask = perturb_mask[:, :, -logits_to_keep:]
+    completion_targets = completion_targets.unsqueeze(1).repeat(1, num_t, 1)
+    flat_logits = completion_logits.reshape(-1, completion_logits.size(-1))
+    flat_targets = completion_targets.reshape(-1)
+    loss = F.cross_entropy(flat_logits, flat_targets, reduction="none")
+    prob = F.softmax(flat_logits, dim=-1).gather(dim=-1, index=flat_targets.unsqueeze(-1))
+    completion_log_probs = -loss.view(num_iterations * batch_size, num_t, logits_to_keep)
+    completion_probs = prob.view(num_iterations * batch_size, num_t, logits_to_keep)
+    per_token_logps = completion_log_probs.view(num_iterations, batch_size, num_t, logits_to_keep).to(torch.float32)
+    per_token_probs = completion_probs.view(num_iterations, batch_size, num_t, logits_to_keep).to(torch.float32)
+    completion_mask_expanded = completion_mask.unsqueeze(0).unsqueeze(2).expand(num_iterations, -1, num_t, -1)
+    perturb_mask_expanded = perturb_mask.view(num_iterations, batch_size, num_t, logits_to_keep)
+    denominator = (completion_mask_expanded * perturb_mask_expanded).sum(dim=3)
+    if (denominator == 0).any():
+        denominator = torch.clamp(denominator, min=1e-8)
+    per_seq_logps = (per_token_logps * completion_mask_expanded * perturb_mask_expanded).sum(dim=3) / denominator
+    if logp_estimation in ("eubo", "mix"):
+        empirical_t = (completion_mask_expanded * perturb_mask_expanded).sum(dim=3) / completion_mask_expanded.sum(dim=3)
+        empirical_t_expanded = empirical_t.unsqueeze(3).expand(-1, -1, -1, completion_mask_expanded.size(-1))
+        per_token_avg_ps = (per_token_probs.pow(eubo_beta) * perturb_mask_expanded * completion_mask_expanded
+                            / empirical_t_expanded.clamp(min=1e-8))
+        per_token_avg_ps = per_token_avg_ps.mean(dim=2)
+        per_token_avg_ps_dezero = per_token_avg_ps.clone()
+        per_token_avg_ps_dezero[per_token_avg_ps_dezero == 0] = 1
+        loss_mask = (per_token_avg_ps > 0).bool()
+    reward_mask_expanded = reward_mask.unsqueeze(0).expand(num_iterations, -1)
+    per_seq_logps_positive = per_seq_logps.mean(dim=2)
+    if logp_estimation == "eubo":
+        per_seq_logps_negative = ((per_token_avg_ps_dezero.log() * loss_mask).sum(dim=2)
+                                  / loss_mask.sum(dim=2).clamp(min=1e-8) / eubo_beta)
+    elif logp_estimation == "mix":
+        per_seq_logps_negative = (mix_weight * (per_token_avg_ps_dezero.log() * loss_mask).sum(dim=2)
+                                  / loss_mask.sum(dim=2).clamp(min=1e-8) / eubo_beta
+                                  + (1 - mix_weight) * per_seq_logps.mean(dim=2))
+    elif logp_estimation == "elbo":
+        per_seq_logps_negative = per_seq_logps.mean(dim=2)
+    elif logp_estimation == "zero":
+        per_seq_logps_negative = torch.zeros_like(per_seq_logps_positive)
+    return (reward_mask_expanded.float() * per_seq_logps_positive
+            + (~reward_mask_expanded).float() * per_seq_logps_negative)
+
+
+def public_loss(per_seq_logps, advantages, completion_mask):
+    """SPG's compute_loss after the bounds."""
+    per_seq_loss = -advantages.unsqueeze(0) * per_seq_logps
+    completion_length = completion_mask.sum(dim=1).unsqueeze(0)
+    return (per_seq_loss * completion_length).sum() / completion_length.sum()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def ours_from_logits(logits, noisy, comp, cmask, adv, P, negative="mix", eubo_beta=1.5, mix_weight=0.5):
+    """The project's pieces, composed as SPG.score and the template compose them, on the same noisy
+    inputs: (B, K, P+L, V) logits, (B, K, P+L) ids."""
+    K = noisy.shape[1]
+    logp = logits[:, :, P:].float().log_softmax(-1).gather(-1, comp[:, None, :, None].expand(-1, K, -1, 1))
+    token_logps = logp.squeeze(-1).transpose(0, 1)  # (K, B, L)
+    cm = cmask.bool()
+    masked = (noisy[:, :, P:] == MASK).transpose(0, 1) & cm  # (K, B, L)
+    t = masked.sum(-1) / cm.sum(-1)  # (K, B)
+    elbo = elbo_from_logps(token_logps, masked, t, "mean")
+    eubo = eubo_from_logps(token_logps, masked, t.float(), eubo_beta)
+    neg = {"mix": mix_weight * eubo + (1 - mix_weight) * elbo, "eubo": eubo, "elbo": elbo,
+           "zero": torch.zeros_like(elbo)}[negative]
+    s = torch.where(adv > 0, elbo, neg)
+    L = comp.shape[1]
+    cfg = SPGConfig(negative=negative, eubo_beta=eubo_beta, mix_weight=mix_weight)
+    return spg_loss(elbo[:, None].expand(-1, L), None, adv[:, None], cmask, cfg, group_size=4,
+                    surrogate=s[:, None].expand(-1, L))[0]
+
+
+def random_case(seed, B=8, P=5, L=12, V=7, K=2, bl=4):
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, V, (B, P), generator=g)
+    comp = torch.randint(0, V, (B, L), generator=g)
+    lengths = torch.randint(1, L + 1, (B,), generator=g)
+    cmask = (torch.arange(L)[None] < lengths[:, None]).long()
+    batch = torch.cat([prompt, comp], 1)
+    noisy, _ = public_block_random(batch, P, cmask, MASK, K, bl, 0.0, 1.0, 0.15, g)
+    logits = torch.randn(B, K, P + L, V, generator=g) * 2
+    adv = torch.randn(B, generator=g)
+    adv[::3] = 0.0  # A = 0 takes the upper-bound side, as reward_mask = A > 0 does
+    return noisy, logits, comp, cmask, adv, batch
+
+
+# ---------------------------------------------------------------- parity with the public code
+
+
+@pytest.mark.parametrize("negative", ["mix", "eubo", "elbo", "zero"])
+def test_loss_parity_on_random_tensors(negative):
+    for seed in range(4):
+        noisy, logits, comp, cmask, adv, batch = random_case(seed)
+        logits = logits.requires_grad_(True)
+        ref = public_loss(public_per_seq_logps(logits, noisy, batch, comp.shape[1], cmask, adv > 0, MASK,
+                                               negative, 1.5, 0.5), adv, cmask)
+        g_ref, = torch.autograd.grad(ref, logits)
+        ours = ours_from_logits(logits, noisy, comp, cmask, adv, batch.shape[1] - comp.shape[1], negative)
+        g_ours, = torch.autograd.grad(ours, logits)
+        assert ours.item() == pytest.approx(ref.item(), abs=1e-6), (negative, seed)
+        assert torch.allclose(g_ours, g_ref, atol=1e-6), (negative, seed)
+
+
+def spg_setup(tmp_path, extra=()):
+    """The objective built from the configs, and a rollout of the (untrained) tiny model with
+    advantages of both signs (an untrained model earns nearly nothing)."""
+    torch.manual_seed(0)  # the model's initialisation
+    # the public code knows no pinned tokens: the completion is all decisions, as there
+    c = build(compose_cfg(["objective=spg", "objective.beta=0", "likelihood.block_length=4", "task.pin_givens=false",
+                              *extra], tmp_path))
+    engine = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3)
+    ro = engine(c.task.splits.train[:2], c.bundle.net, 0)
+    adv = torch.linspace(-1.0, 1.0, ro.completion_ids.shape[0])
+    adv[2] = 0.0
+    comp = ro.completion_ids.clone()  # Sudoku answers fill the 16 positions: end two of them early
+    comp[1, 5] = comp[3, 9] = c.bundle.eos_token_id
+    # an untrained model sometimes commits the mask token itself, which SPG would count as masked
+    # (it reads its masks back from the ids): keep such tokens out so both read the same masks
+    comp[comp == c.bundle.mask_token_id] = c.bundle.eos_token_id + 1
+    return c, replace(ro, advantages=adv, completion_ids=comp, completion_mask=completion_mask(comp, c.bundle.eos_token_id))
+
+
+@pytest.mark.parametrize("negative", ["mix", "eubo"])
+def test_loss_parity_on_real_rollouts(tmp_path, negative):
+    """The objective's loss on a tiny model's rollout equals the transcription fed the same noisy inputs."""
+    c, ro = spg_setup(tmp_path, [f"objective.negative={negative}"])
+    c.bundle.net.requires_grad_(True)
+    net = c.bundle.net.eval()
+    seen = []
+
+    def forward(ids, attn):
+        seen.append((ids, attn))
+        return logits_fn(net)(ids, attn)
+
+    K, B = c.objective.likelihood.cfg.num_samples, ro.prompt_ids.shape[0]
+    loss, _ = c.objective.loss(StepContext(ro, 1, 3, forward, logits_fn(net), None))
+    params = list(net.parameters())
+    g_ours = torch.autograd.grad(loss, params, allow_unused=True)
+    ids, attn = seen[-1]  # (K * B, P + L), the policy's forward
+    noisy = ids.view(K, B, -1).transpose(0, 1)  # (B, K, l) as SPG lays them out
+    logits = logits_fn(net)(ids, attn).view(K, B, ids.shape[1], -1).transpose(0, 1)  # (B, K, l, V)
+    batch = torch.cat([ro.prompt_ids, ro.completion_ids], 1)
+    cm = ro.completion_mask
+    ref = public_loss(public_per_seq_logps(logits, noisy, batch, ro.completion_ids.shape[1], cm, ro.advantages > 0,
+                                           c.bundle.mask_token_id, negative, c.objective.cfg.eubo_beta, 0.5),
+                      ro.advantages, cm)
+    g_ref = torch.autograd.grad(ref, params, allow_unused=True)
+    assert cm.sum(-1).min() < cm.sum(-1).max()  # lengths differ: the len_i weights are exercised
+    assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
+    for a, b in zip(g_ours, g_ref):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-6))
+
+
+def test_block_masks_have_the_public_distribution():
+    """Per-position masking rates, the masked count and t of likelihood=spg_blocks against the public
+    forward_process over many draws: 3 blocks of 4, completions of 6 (m = 2: block 0 twice as likely),
+    12, 4 and 1 tokens; prompt rows with and without padding."""
+    P, L, bl, K, n = 3, 12, 4, 2, 3000
+    lengths = torch.tensor([6, 12, 4, 1])
+    cmask = (torch.arange(L)[None] < lengths[:, None]).long()
+    B = len(lengths)
+    batch = torch.arange(1, 1 + P + L).repeat(B, 1)
+    g = torch.Generator().manual_seed(0)
+    pub = torch.stack([public_block_random(batch, P, cmask, MASK, K, bl, 0.0, 1.0, 0.15, g)[0] for _ in range(n)])
+    pub = pub == MASK  # (n, B, K, l)
+    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=K, block_length=bl), MASK)
+    d = est.draw(list(range(n * B)), torch.ones(n * B, P, dtype=torch.long), cmask.repeat(n, 1))
+    ours = torch.cat([d.prompt_hit, d.noised], -1).view(K, n, B, P + L).permute(1, 2, 0, 3)  # (n, B, K, l)
+    assert (ours.float().mean(0) - pub.float().mean(0)).abs().max() < 0.04  # per position, sample, row
+    cm = cmask.bool()[None, :, None]
+    count = lambda m: (m[..., P:] & cm).sum(-1)  # noqa: E731  masked completion tokens (n, B, K)
+    for b in range(B):
+        hist_p = torch.bincount(count(pub)[:, b].flatten(), minlength=L + 1).float() / (n * K)
+        hist_o = torch.bincount(count(ours)[:, b].flatten(), minlength=L + 1).float() / (n * K)
+        assert 0.5 * (hist_p - hist_o).abs().sum() < 0.05, b  # total variation
+    t_pub = count(pub).float() / lengths[None, :, None]
+    assert torch.allclose(d.t.view(K, n, B).permute(1, 2, 0), count(ours).float() / lengths[None, :, None])
+    assert (t_pub.mean(0) - d.t.view(K, n, B).permute(1, 2, 0).mean(0)).abs().max() < 0.03
+    # the permute quirk: with 3 blocks and 2 in the completion, block 0 twice as often as block 1
+    assert d.block.view(K, n, B)[:, :, 0].float().mean().item() == pytest.approx(1 / 3, abs=0.03)
+
+
+# ---------------------------------------------------------------- the masks' switches
+
+
+def draw(**kw):
+    """4000 rows: completions of 6, 12, 4 and 9 tokens in blocks of 4 (3 generation blocks)."""
+    cmask = (torch.arange(12)[None] < torch.tensor([[6], [12], [4], [9]])).long().repeat(1000, 1)
+    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=2, block_length=4, **kw), MASK)
+    return est.draw(list(range(4000)), torch.ones(4000, 3, dtype=torch.long), cmask), cmask
+
+
+def test_permute_gives_distinct_blocks_and_uniform_fixes_the_bias():
+    d, cm = draw()
+    row = torch.arange(4000) % 4
+    full = row == 1  # 12 tokens: 3 blocks, every one reachable
+    assert bool((d.block[0, full] != d.block[1, full]).all())  # the K samples start from distinct blocks
+    u, _ = draw(block_choice="uniform")
+    first = row == 0  # 6 tokens: m = 2 of n = 3 blocks
+    assert u.block[:, first].float().mean().item() == pytest.approx(0.5, abs=0.04)
+    assert d.block[:, first].float().mean().item() == pytest.approx(1 / 3, abs=0.04)
+    assert bool((u.block < ((cm.sum(-1) - 1) // 4 + 1)).all())
+
+
+def test_later_blocks_scored_or_not_and_earlier_blocks_noised_or_clean():
+    d, cm = draw()
+    pos = torch.arange(12)
+    later = (pos // 4)[None, None] > d.block[..., None]  # (K, B, L)
+    earlier = (pos // 4)[None, None] < d.block[..., None]
+    assert bool((d.noised | ~later).all())  # later blocks always masked
+    assert bool(((d.scored & later) == (later & cm.bool())).all())  # and scored (SPG's unused block mask)
+    rate = d.noised[earlier].float().mean().item()
+    assert rate == pytest.approx(0.15, abs=0.04)  # earlier blocks lose ~15% of their tokens
+    assert torch.equal(d.scored, d.noised & cm.bool())
+    s, _ = draw(score_later_blocks=False)
+    later_s = (pos // 4)[None, None] > s.block[..., None]
+    assert bool((s.noised | ~later_s).all()) and not bool((s.scored & later_s).any())
+    assert torch.allclose(s.t, (s.noised & cm.bool()).sum(-1) / cm.sum(-1))  # t still counts them
+    e, _ = draw(noise_earlier_blocks=False)
+    assert not bool(e.noised[(pos // 4)[None, None] < e.block[..., None]].any())
+
+
+def test_tokens_after_eos_masked_never_scored_and_prompt_padding_kept():
+    d, cm = draw()
+    assert bool(d.noised[:, ~cm.bool()].all()) and not bool(d.scored[:, ~cm.bool()].any())
+    est = SPGBlocksEstimator(SPGBlocksConfig(p_mask_prompt=0.5), MASK)
+    pm = torch.tensor([[0, 0, 1, 1]]).repeat(200, 1)
+    dd = est.draw(list(range(200)), pm, torch.ones(200, 8, dtype=torch.long))
+    assert not bool(dd.prompt_hit[:, :, :2].any()) and bool(dd.prompt_hit[:, :, 2:].any())
+
+
+# ---------------------------------------------------------------- the sandwich
+
+
+def exact_bounds(forward, prompt, comp, beta, mask_id=MASK):
+    """EUBO, log p / L and ELBO of one 2-token completion, and the conditionals ``a`` (each token's
+    log p while the other is masked) and ``b`` (once it is shown). log p is the likelihood of generating
+    the completion one token at a time in a uniformly random order, a masked diffusion model's
+    likelihood. The bounds are the project's functions on SPG's masks of a 2-token block, enumerated
+    with their probabilities -- one token masked (either place, 1/4 each) or both (1/2) -- as 4 equally
+    likely samples, so their Monte Carlo means are exact."""
+    P, K = prompt.shape[1], 4
+    masked = torch.tensor([[True, False], [False, True], [True, True], [True, True]])  # (K, L)
+    t = masked.sum(-1) / 2.0  # (K,)
+    ids = torch.cat([prompt.repeat(K, 1), torch.where(masked, mask_id, comp)], 1)  # (K, P + 2)
+    with torch.no_grad():
+        lp = forward_logps(forward, ids, None, comp.repeat(K, 1), P)  # (K, 2)
+    a, b = lp[2], torch.stack([lp[0, 0], lp[1, 1]])
+    log_p = torch.logsumexp(torch.stack([a[0] + b[1], a[1] + b[0]]), 0) - math.log(2)  # the two orders
+    eubo = eubo_from_logps(lp[:, None], masked[:, None], t[:, None], beta)[0]
+    elbo = elbo_from_logps(lp[:, None], masked[:, None], t[:, None], "mean")[0]
+    return eubo.item(), log_p.item() / 2, elbo.item(), a.exp(), b.exp()
+
+
+def context_model(a, b, V=4):
+    """A hand-built model of a 2-token completion (tokens 1, 1 after a 1-token prompt): token i has
+    probability a_i while the other is masked and b_i once it is shown."""
+    def forward(ids, attn):
+        out = torch.full((ids.shape[0], ids.shape[1], V), -30.0)
+        for i in range(2):
+            shown = ids[:, 1 + (1 - i)] != MASK  # (K,)
+            p = torch.where(shown, torch.tensor(b[i]), torch.tensor(a[i]))
+            out[:, 1 + i, 1] = p.log()
+            out[:, 1 + i, 2] = (1 - p).log()
+        return out
+    return forward
+
+
+HELPS, HURTS, NEUTRAL = ((0.2, 0.3), (0.9, 0.6)), ((0.6, 0.5), (0.3, 0.2)), ((0.7, 0.4), (0.7, 0.4))
+
+
+@pytest.mark.parametrize("a,b", [HELPS, HURTS, NEUTRAL], ids=["context-helps", "context-hurts", "no-context"])
+@pytest.mark.parametrize("beta", [1.0, 1.5, 3.0])
+def test_eubo_above_log_p_above_elbo_on_a_hand_built_model(a, b, beta):
+    """Where showing a token moves the other's probability the same way for both tokens, the sandwich
+    holds exactly for beta >= 1 (each token's EUBO is the order-beta power mean of its probabilities),
+    with equality when the context is irrelevant."""
+    eubo, log_p, elbo, *_ = exact_bounds(context_model(a, b), torch.tensor([[3]]), torch.tensor([[1, 1]]), beta)
+    if (a, b) == NEUTRAL:
+        assert eubo == pytest.approx(log_p, abs=1e-5) and elbo == pytest.approx(log_p, abs=1e-5)
+    else:
+        assert eubo > log_p > elbo, (eubo, log_p, elbo)
+
+
+def test_eubo_is_no_bound_where_context_helps_one_token_and_hurts_the_other():
+    """The per-token EUBO is a mean-field bound: at beta = 1 it lies below log p / L exactly when
+    (a_0 - b_0)(a_1 - b_1) < 0. The ELBO stays below."""
+    eubo, log_p, elbo, *_ = exact_bounds(context_model((0.2, 0.9), (0.8, 0.3)), torch.tensor([[3]]),
+                                         torch.tensor([[1, 1]]), 1.0)
+    assert eubo < log_p and elbo < log_p
+
+
+def test_sandwich_on_the_tiny_model(tiny_bundle):
+    """On a real model: ELBO <= log p / L always (Jensen), and at beta = 1 EUBO >= log p / L exactly
+    when (a_0 - b_0)(a_1 - b_1) >= 0 (EUBO - log p / L = log[(a_0 + b_0)(a_1 + b_1) / (2 (a_0 b_1 + a_1 b_0))] / 2);
+    for beta > 1 the EUBO only grows."""
+    fwd = logits_fn(tiny_bundle.net.eval())
+    g = torch.Generator().manual_seed(0)
+    lo = max(tiny_bundle.mask_token_id, tiny_bundle.eos_token_id, tiny_bundle.pad_token_id) + 1
+    V, held = tiny_bundle.tokenizer.vocab_size, 0
+    for _ in range(8):
+        prompt = torch.randint(lo, V, (1, 4), generator=g)
+        comp = torch.randint(lo, V, (1, 2), generator=g)
+        eubo, log_p, elbo, a, b = exact_bounds(fwd, prompt, comp, 1.0, tiny_bundle.mask_token_id)
+        eubo15 = exact_bounds(fwd, prompt, comp, 1.5, tiny_bundle.mask_token_id)[0]
+        assert elbo <= log_p + 1e-6 and eubo15 >= eubo - 1e-6
+        same_way = ((a[0] - b[0]) * (a[1] - b[1])).item() >= 0
+        assert (eubo >= log_p - 1e-6) == same_way
+        held += same_way
+    assert 0 < held  # the bound was checked where it holds
+
+
+def test_estimator_draws_the_enumerated_two_token_states():
+    """likelihood=spg_blocks on a 2-token completion draws the states the enumeration above weights."""
+    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=1, p_mask_prompt=0.0), MASK)
+    d = est.draw(list(range(4000)), torch.ones(4000, 1, dtype=torch.long), torch.ones(4000, 2, dtype=torch.long))
+    m = d.scored[0]  # (n, 2)
+    freq = [(m == torch.tensor(s)).all(-1).float().mean().item() for s in ([True, False], [False, True], [True, True])]
+    assert freq == pytest.approx([0.25, 0.25, 0.5], abs=0.03)
+
+
+# ---------------------------------------------------------------- the objective's invariants
+
+
+def test_zero_advantages_give_zero_gradient(tmp_path):
+    c, ro = spg_setup(tmp_path)
+    ro = replace(ro, advantages=torch.zeros_like(ro.advantages))
+    net = c.bundle.net
+    loss, m = c.objective.loss(StepContext(ro, 0, 3, logits_fn(net), logits_fn(net), None))
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or p.grad.abs().max() == 0 for p in net.parameters())
+    assert m["spg/frac_upper"].item() == 1.0  # A = 0 is on the upper-bound side, as SPG's reward_mask
+
+
+def test_theta_equals_old_logs_ratio_one_and_nothing_clipped(tmp_path):
+    c, ro = spg_setup(tmp_path)
+    net = c.bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    for it in range(2):
+        _, m = c.objective.loss(StepContext(ro, it, 3, logits_fn(net.eval()), logits_fn(old), None))
+        assert m["ratio/log_min"].item() == 0.0 and m["ratio/log_max"].item() == 0.0
+        assert m["ratio/clip_frac_low"].item() == 0.0 and m["ratio/clip_frac_high"].item() == 0.0
+
+
+def test_gradient_equals_the_formula():
+    """d loss = -sum_i A_i len_i d s_i / sum_i len_i, with s_i the ELBO for A_i > 0 and the mix otherwise."""
+    torch.manual_seed(0)
+    B, L, D = 8, 6, 5
+    feats = torch.randn(B, D)
+    theta = torch.randn(D, requires_grad=True)
+    lengths = torch.tensor([6, 1, 3, 6, 2, 5, 4, 6])
+    mask = (torch.arange(L)[None] < lengths[:, None]).float()
+    adv = torch.randn(B)
+    s = feats @ theta  # (B,) the bound of each row
+    loss, _ = spg_loss(s[:, None].expand(-1, L), None, adv[:, None], mask, SPGConfig(), group_size=4)
+    loss.backward()
+    expected = -(adv[:, None] * lengths[:, None] * feats).sum(0) / lengths.sum()
+    assert torch.allclose(theta.grad, expected, atol=1e-6)
+
+
+def test_bounds_by_sign_of_the_advantage(tmp_path):
+    """A > 0 rows train on the ELBO whatever `negative` is; negative=elbo is REINFORCE on the ELBO and
+    negative=zero leaves the A <= 0 rows without gradient."""
+    c, ro = spg_setup(tmp_path)
+    net = c.bundle.net.eval()
+    ctx = StepContext(ro, 0, 3, logits_fn(net), logits_fn(net), None)
+    loss = {}
+    for neg in ("mix", "eubo", "elbo", "zero"):
+        obj = SPG(SPGConfig(negative=neg, beta=0.0, eubo_beta=1.0), c.objective.likelihood)
+        loss[neg], m = obj.loss(ctx)
+        if neg == "elbo":
+            assert m["spg/upper_minus_elbo"].item() == 0.0
+    assert len({round(v.item(), 6) for v in loss.values()}) == 4
+    pos = ro.advantages > 0
+    positive_only = replace(ro, advantages=torch.where(pos, ro.advantages, torch.zeros_like(ro.advantages)))
+    ctx_p = StepContext(positive_only, 0, 3, logits_fn(net), logits_fn(net), None)
+    zero, _ = SPG(SPGConfig(negative="zero", beta=0.0), c.objective.likelihood).loss(ctx)
+    assert zero.item() == pytest.approx(SPG(SPGConfig(negative="elbo", beta=0.0), c.objective.likelihood)
+                                        .loss(ctx_p)[0].item(), abs=1e-7)
+
+
+def test_all_masked_and_empty_rows_stay_finite(tiny_bundle):
+    """A row whose completion mask is empty (nothing scored) and a 1-token row: finite bounds, loss, grads."""
+    net = tiny_bundle.net
+    m = tiny_bundle.mask_token_id
+    prompt = torch.full((4, 3), 7)
+    comp = torch.full((4, 5), 8)
+    cmask = torch.tensor([[0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    est = SPGBlocksEstimator(SPGBlocksConfig(block_length=2), m)
+    s = est.sample(logits_fn(net), prompt, torch.ones_like(prompt), comp, cmask, [1, 2, 3, 4])
+    assert not bool(s.masked[:, 0].any()) and bool(s.masked[:, 1, 0].all())  # 1 token: always the one masked
+    ro = rollout_of(prompt, torch.ones_like(prompt), comp, cmask, torch.zeros(4), torch.tensor([1.0, -1.0, 0.5, -0.5]), 4)
+    loss, metrics = SPG(SPGConfig(beta=0.0), est).loss(StepContext(ro, 0, 3, logits_fn(net), logits_fn(net), None))
+    loss.backward()
+    assert torch.isfinite(loss) and all(bool(torch.isfinite(v)) for v in metrics.values())
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
+    from diffusion_rl.training.module import DiffusionRLModule
+
+    c, ro = spg_setup(tmp_path, ["objective.ratio_diagnostic=false"])
+    assert not c.objective.needs_old_values()
+
+    def no_old(*args, **kwargs):
+        raise AssertionError("the old policy was scored")
+
+    net = c.bundle.net
+    loss, m = c.objective.loss(StepContext(ro, 1, 3, logits_fn(net), no_old, None))
+    assert torch.isfinite(loss) and not any(k.startswith("ratio/") for k in m)
+    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0)
+    assert module.old_policy is None  # no frozen copy either
+    tis = SPG(SPGConfig(ratio_diagnostic=False, behaviour_correction="tis"), c.objective.likelihood)
+    assert tis.needs_old_values()  # TIS reads the old values whatever the diagnostic says
+
+
+# ---------------------------------------------------------------- configs
+
+
+def test_config_selects_spg_masks_unscaled_advantages_and_sudoku_beta(tmp_path):
+    cfg = compose_cfg(["objective=spg"], tmp_path)
+    assert cfg.likelihood.name == "spg_blocks" and cfg.advantage.name == "group"
+    c = build(cfg)
+    assert isinstance(c.objective, SPG) and isinstance(c.objective.likelihood, SPGBlocksEstimator)
+    assert c.objective.cfg.eubo_beta == 1.0 and c.objective.cfg.mu == 4 and c.objective.cfg.negative == "mix"
+    c = build(compose_cfg(["objective=spg", "likelihood=elbo"], tmp_path))  # the project's ELBO, mean weighting
+    assert isinstance(c.objective.likelihood, ELBOEstimator)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["objective.negative=upper"], "objective.negative"),
+    (["objective.eubo_beta=0.5"], "objective.eubo_beta"),
+    (["objective.mix_weight=1.5"], "objective.mix_weight"),
+    (["likelihood=one_step"], "likelihood.name"),
+    (["likelihood=elbo", "likelihood.weighting=inverse_t"], "likelihood.weighting"),
+    (["advantage=per_token"], "advantage.name"),
+    (["likelihood.block_choice=random"], "likelihood.block_choice"),
+    (["likelihood.t_min=0.8", "likelihood.t_max=0.5"], "likelihood.t_max"),
+    (["likelihood.num_samples=0"], "likelihood.num_samples"),
+    (["likelihood.block_length=0"], "likelihood.block_length"),
+])
+def test_config_errors_name_the_key(tmp_path, overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build(compose_cfg(["objective=spg", *overrides], tmp_path))
+
+
+def test_spg_on_the_projects_elbo(tmp_path):
+    """likelihood=elbo (mean weighting, uniform t) gives the same objective on other masks."""
+    c, ro = spg_setup(tmp_path)
+    net = c.bundle.net
+    est = ELBOEstimator(ELBOConfig(weighting="mean"), c.bundle.mask_token_id)
+    loss, m = SPG(SPGConfig(beta=0.0), est).loss(StepContext(ro, 0, 3, logits_fn(net), logits_fn(net), None))
+    assert torch.isfinite(loss) and m["ratio/log_max"].item() == 0.0

@@ -1,0 +1,423 @@
+"""Monte Carlo ELBO estimator and the StableDRL objective: hand-computed cases and invariants."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood.elbo import (
+    ELBOConfig,
+    ELBOEstimator,
+    elbo_from_logps,
+    eubo_from_logps,
+    sample_seeds,
+)
+from diffusion_rl.models.policy import logits_fn
+from diffusion_rl.rl.objectives.base import StepContext, agg_loss, kl_penalty
+from diffusion_rl.rl.objectives.stabledrl import (
+    StableDRL,
+    StableDRLConfig,
+    clip_bounds,
+    group_weights,
+    stabledrl_loss,
+)
+from tests.helpers.common import compose_cfg, rollout_of
+
+SEEDS = [11, 22, 33, 44, 55, 66, 77, 88]
+
+
+def make_batch(bundle, n=8, P=6, L=10, seed=0):
+    """Random prompts (left padding on row 0) and completions with an EOS in some rows."""
+    g = torch.Generator().manual_seed(seed)
+    V = bundle.tokenizer.vocab_size
+    lo = max(bundle.mask_token_id, bundle.eos_token_id, bundle.pad_token_id) + 1
+    prompt = torch.randint(lo, V, (n, P), generator=g)
+    pmask = torch.ones(n, P, dtype=torch.long)
+    pmask[0, :2] = 0
+    prompt[0, :2] = bundle.pad_token_id
+    comp = torch.randint(lo, V, (n, L), generator=g)
+    comp[1, 4] = bundle.eos_token_id  # rows 1 and 3 end early
+    comp[3, 7] = bundle.eos_token_id
+    from diffusion_rl.sampling.sampler import completion_mask
+
+    return prompt, pmask, comp, completion_mask(comp, bundle.eos_token_id)
+
+
+def make_rollout(bundle, G=4, groups=2, L=10, seed=0):
+    prompt, pmask, comp, cmask = make_batch(bundle, n=G * groups, L=L, seed=seed)
+    rewards = torch.arange(G * groups, dtype=torch.float) % 3
+    adv = rewards.view(groups, G) - rewards.view(groups, G).mean(-1, keepdim=True)
+    return rollout_of(prompt, pmask, comp, cmask, rewards, adv.reshape(-1), G)
+
+
+def sdrl_loss(elbo, old, adv, G, eps, clip="paper", normalize="self"):
+    """stabledrl_loss on per-sequence tensors (B,), as one unit per sequence (B, 1)."""
+    cfg = StableDRLConfig(eps=eps, clip=clip, normalize=normalize)
+    return stabledrl_loss(elbo[:, None], old[:, None], adv[:, None], torch.ones_like(old)[:, None], cfg, group_size=G)
+
+
+# ---------------------------------------------------------------- ELBO estimator
+
+
+def test_elbo_from_logps_weighting_hand_computed():
+    logps = torch.tensor([[[-1.0, -2.0, -3.0]], [[-0.5, -1.5, -4.0]]])  # (K=2, B=1, L=3)
+    masked = torch.tensor([[[True, False, True]], [[False, True, False]]])
+    t = torch.tensor([[0.5], [0.25]])
+    inv = elbo_from_logps(logps, masked, t, "inverse_t")
+    assert inv.item() == pytest.approx(((-1 - 3) / 0.5 + (-1.5) / 0.25) / 2)  # (-8 - 6) / 2
+    mean = elbo_from_logps(logps, masked, t, "mean")
+    assert mean.item() == pytest.approx(((-1 - 3) / 2 + (-1.5) / 1) / 2)
+    # unmasked entries may hold anything, even -inf, without leaking into the result
+    logps2 = logps.clone()
+    logps2[0, 0, 1] = -math.inf
+    assert elbo_from_logps(logps2, masked, t, "inverse_t").item() == pytest.approx(inv.item())
+
+
+def test_eubo_from_logps_hand_computed():
+    logps = torch.tensor([[[-1.0, -2.0, -3.0]], [[-0.5, -1.5, -4.0]]])
+    masked = torch.tensor([[[True, False, False]], [[True, True, False]]])
+    t = torch.tensor([[0.5], [0.25]])
+    b = 1.5
+    tok0 = math.log((math.exp(-1.0 * b) / 0.5 + math.exp(-0.5 * b) / 0.25) / 2)
+    tok1 = math.log((0 + math.exp(-1.5 * b) / 0.25) / 2)  # masked in one sample of two
+    expected = (tok0 + tok1) / 2 / b  # token 2 never masked: left out
+    assert eubo_from_logps(logps, masked, t, b).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_k_samples_in_one_forward_equal_k_single_sample_calls(tiny_bundle):
+    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
+    net = tiny_bundle.net.eval()
+    calls = []
+
+    def fwd(ids, attn):
+        calls.append(ids.shape[0])
+        return logits_fn(net)(ids, attn)
+
+    K = 3
+    for kw in ({}, {"p_mask_prompt": 0.3, "weighting": "mean"}, {"schedule": "block_random", "block_length": 4}):
+        est_k = ELBOEstimator(ELBOConfig(num_samples=K, **kw), tiny_bundle.mask_token_id)
+        est_1 = ELBOEstimator(ELBOConfig(num_samples=1, **kw), tiny_bundle.mask_token_id)
+        calls.clear()
+        with torch.no_grad():
+            batched = est_k(fwd, prompt, pmask, comp, cmask, SEEDS)
+            assert calls == [K * len(SEEDS)]  # one forward over K stacked copies
+            single = torch.stack([est_1(fwd, prompt, pmask, comp, cmask, sample_seeds(SEEDS, k)) for k in range(K)])
+        assert torch.allclose(batched, single.mean(0), rtol=1e-5, atol=1e-5), kw
+        # and the samples really differ (a test that K copies of one mask would fail)
+        assert not torch.allclose(single[0], single[1])
+
+
+def test_at_least_one_token_masked_even_with_tiny_t(tiny_bundle):
+    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
+    for schedule in ("uniform", "block_random"):
+        est = ELBOEstimator(ELBOConfig(num_samples=4, t_min=1e-6, t_max=1e-6, schedule=schedule, block_length=4),
+                            tiny_bundle.mask_token_id)
+        _, masked, t, scored = est.draw(SEEDS, pmask, cmask)
+        counts = masked.sum(-1)  # (K, B)
+        assert bool((counts >= 1).all()), schedule
+        assert not bool((masked & ~scored).any())
+        if schedule == "uniform":
+            assert bool((counts == 1).all())
+            assert torch.allclose(t, torch.full_like(t, 1e-6))
+
+
+def test_antithetic_masks_are_complements(tiny_bundle):
+    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
+    est = ELBOEstimator(ELBOConfig(num_samples=4, antithetic=True, t_min=0.2, t_max=0.8, p_mask_prompt=0.2),
+                        tiny_bundle.mask_token_id)
+    hit, masked, t, scored = est.draw(SEEDS, pmask, cmask)
+    for m in range(2):
+        a, b = masked[2 * m], masked[2 * m + 1]
+        assert not bool((a & b).any())
+        assert torch.equal(a | b, scored)
+        assert torch.allclose(t[2 * m] + t[2 * m + 1], torch.ones_like(t[0]))
+        assert torch.equal(hit[2 * m], hit[2 * m + 1])
+    assert not torch.equal(masked[0], masked[2])  # the pairs are independent draws
+    # extreme t: the at-least-one rule keeps both halves non-empty and still complementary
+    est = ELBOEstimator(ELBOConfig(num_samples=2, antithetic=True, t_min=1e-4, t_max=1 - 1e-4),
+                        tiny_bundle.mask_token_id)
+    for seeds in ([1, 2, 3, 4, 5, 6, 7, 8], [9] * 8):
+        _, masked, _, scored = est.draw(seeds, pmask, cmask)
+        assert bool((masked.sum(-1) >= 1).all())
+        assert torch.equal(masked[0] ^ masked[1], scored)
+
+
+def test_elbo_config_validation():
+    with pytest.raises(ConfigError, match="likelihood.num_samples"):
+        ELBOConfig(num_samples=3, antithetic=True, t_max=0.999).validate()
+    with pytest.raises(ConfigError, match="likelihood.t_max"):
+        ELBOConfig(num_samples=2, antithetic=True).validate()  # t_min + t_max != 1
+    with pytest.raises(ConfigError, match="likelihood.weighting"):
+        ELBOConfig(weighting="sum").validate()
+    with pytest.raises(ConfigError, match="likelihood.t_min"):
+        ELBOConfig(t_min=0.0).validate()
+
+
+def test_tokens_after_eos_are_masked_and_not_scored(tiny_bundle):
+    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
+    net = tiny_bundle.net.eval()
+    seen = []
+
+    def fwd(ids, attn):
+        seen.append(ids)
+        return logits_fn(net)(ids, attn)
+
+    est = ELBOEstimator(ELBOConfig(num_samples=2), tiny_bundle.mask_token_id)
+    comp2 = comp.clone()
+    comp2[1, 5:] = comp[1, 5:].flip(-1) + 1  # change only tokens after row 1's EOS
+    with torch.no_grad():
+        a = est(fwd, prompt, pmask, comp, cmask, SEEDS)
+        b = est(fwd, prompt, pmask, comp2, cmask, SEEDS)
+    assert torch.equal(a, b)
+    P = prompt.shape[1]
+    assert bool((seen[0].view(2, 8, -1)[:, 1, P + 5:] == tiny_bundle.mask_token_id).all())
+    est_all = ELBOEstimator(ELBOConfig(num_samples=2, score_after_eos=True), tiny_bundle.mask_token_id)
+    with torch.no_grad():
+        a = est_all(fwd, prompt, pmask, comp, cmask, SEEDS)
+        b = est_all(fwd, prompt, pmask, comp2, cmask, SEEDS)
+    assert a[1] != b[1] and torch.equal(a[0], b[0])
+
+
+# ---------------------------------------------------------------- StableDRL loss (pure)
+
+
+def test_clip_bounds_hand_computed():
+    assert clip_bounds(5.0, "paper") == (-math.inf, math.log(6.0))
+    lo, hi = clip_bounds(0.2, "paper")
+    assert lo == pytest.approx(math.log(0.8)) and hi == pytest.approx(math.log(1.2))
+    assert clip_bounds(5.0, "cap") == (-math.inf, math.log(5.0))
+    assert clip_bounds(5.0, "none") == (-math.inf, math.inf)
+
+
+def test_paper_and_cap_weights_hand_computed():
+    lr = torch.tensor([math.log(10.0), 0.0, 0.0, math.log(0.5)])
+    w, _ = group_weights(lr, 4, 0.2, "paper")
+    expected = torch.tensor([1.2, 1.0, 1.0, 0.8]) / 4.0
+    assert torch.allclose(w[0], expected, atol=1e-6)
+    lr = torch.tensor([math.log(10.0), 0.0, -50.0, 0.0])
+    w, _ = group_weights(lr, 4, 5.0, "cap")
+    z = 7.0 + math.exp(-50.0)
+    assert torch.allclose(w[0], torch.tensor([5.0 / z, 1.0 / z, math.exp(-50.0) / z, 1.0 / z]), atol=1e-7)
+    w, wn = group_weights(lr, 4, 5.0, "cap", "group_size")
+    assert torch.allclose(w[0], torch.tensor([5.0, 1.0, math.exp(-50.0), 1.0]) / 4, atol=1e-7)
+    assert torch.allclose(wn.sum(-1), torch.ones(1))
+    # metrics: one of four clipped high (paper, eps=0.2), one low
+    lr = torch.tensor([math.log(10.0), 0.0, 0.0, math.log(0.5)])
+    _, m = sdrl_loss(lr.clone(), torch.zeros(4), torch.ones(4), 4, 0.2, "paper")
+    assert m["ratio/clip_frac_high"].item() == 0.25 and m["ratio/clip_frac_low"].item() == 0.25
+    assert m["ratio/log_max"].item() == pytest.approx(math.log(10.0))
+    assert m["weights/ess"].item() == pytest.approx(1 / (expected**2).sum().item(), rel=1e-5)
+
+
+def test_weights_sum_to_one_per_group():
+    torch.manual_seed(0)
+    lr = torch.randn(24) * 3
+    for clip in ("paper", "cap", "none"):
+        w, wn = group_weights(lr, 6, 5.0, clip, "self")
+        assert w.shape == (4, 6)
+        assert torch.allclose(w.sum(-1), torch.ones(4), atol=1e-6)
+        assert torch.equal(w, wn)
+
+
+def test_group_boundaries_respected():
+    torch.manual_seed(1)
+    lr = torch.randn(3 * 4) * 2
+    w, _ = group_weights(lr, 4, 100.0, "paper")
+    perm = torch.tensor([2, 0, 3, 1])
+    lr_p = lr.view(3, 4).clone()
+    lr_p[1] = lr_p[1][perm]  # permute inside group 1
+    w_p, _ = group_weights(lr_p.reshape(-1), 4, 100.0, "paper")
+    assert torch.allclose(w_p[1], w[1][perm])
+    assert torch.equal(w_p[0], w[0]) and torch.equal(w_p[2], w[2])
+    lr_c = lr.view(3, 4).clone()
+    lr_c[2] += torch.tensor([3.0, -1.0, 0.5, 2.0])  # change group 2 only
+    w_c, _ = group_weights(lr_c.reshape(-1), 4, 100.0, "paper")
+    assert torch.equal(w_c[0], w[0]) and torch.equal(w_c[1], w[1])
+    assert not torch.allclose(w_c[2], w[2])
+
+
+def test_gradient_equals_formula():
+    torch.manual_seed(2)
+    G, groups, D = 4, 3, 5
+    feats = torch.randn(G * groups, D)
+    theta = torch.randn(D, requires_grad=True)
+    old = feats @ theta.detach() + torch.randn(G * groups) * 0.8
+    adv = torch.randn(G * groups)
+    for clip, normalize in (("paper", "self"), ("cap", "self"), ("paper", "group_size"), ("none", "self")):
+        theta.grad = None
+        elbo = feats @ theta  # (B,) ELBO_j = <f_j, theta>
+        loss, _ = sdrl_loss(elbo, old, adv, G, 0.5, clip, normalize)
+        loss.backward()
+        w, _ = group_weights(elbo.detach() - old, G, 0.5, clip, normalize)
+        w = w.reshape(-1)
+        grads = torch.stack([torch.autograd.grad((feats @ theta)[j], theta)[0] for j in range(G * groups)])
+        expected = -(w[:, None] * adv[:, None] * grads).sum(0) / groups
+        assert torch.allclose(theta.grad, expected, atol=1e-6), (clip, normalize)
+        lo, hi = clip_bounds(0.5, clip)
+        lt = (elbo.detach() - old).clamp(min=lo, max=hi).view(groups, G)
+        expected_loss = -(w.view(groups, G) * adv.view(groups, G) * elbo.detach().view(groups, G)).sum(-1).mean()
+        assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-5)
+        if normalize == "self":
+            assert torch.allclose(w.view(groups, G), lt.exp() / lt.exp().sum(-1, keepdim=True), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_finite_for_extreme_log_ratios(dtype):
+    lr = torch.tensor([1e4, -1e4, 0.0, 1e4, -1e4, -1e4, -1e4, -1e4])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.0, 0.0])
+    for clip in ("paper", "cap", "none"):
+        for normalize in ("self", "group_size"):
+            elbo = (torch.full((8,), -30.0) + lr).to(dtype).requires_grad_(True)
+            old = torch.full((8,), -30.0).to(dtype)
+            loss, m = sdrl_loss(elbo, old, adv.to(dtype), 4, 5.0, clip, normalize)
+            loss.backward()
+            assert loss.dtype == torch.float32
+            assert torch.isfinite(loss), (clip, normalize)
+            assert bool(torch.isfinite(elbo.grad.float()).all()), (clip, normalize)
+            assert all(bool(torch.isfinite(v)) for v in m.values()), (clip, normalize, m)
+
+
+# ---------------------------------------------------------------- the objective on a real estimator
+
+
+def _ctx(bundle, policy_net, old_net, ro, inner_iter=0, ref_net=None):
+    ref = None if ref_net is None else logits_fn(ref_net)
+    return StepContext(ro, inner_iter, 3, logits_fn(policy_net), logits_fn(old_net), ref)
+
+
+def masked_token_kl(logp, ref, masked):
+    """The anchor StableDRL adds: k3 per masked token, mean per Monte Carlo sample, then over samples
+    and sequences. (K, B, L) inputs, as the ELBO gives them."""
+    return agg_loss(kl_penalty(logp.transpose(0, 1), ref.transpose(0, 1)), masked.transpose(0, 1))
+
+
+def test_masked_token_kl_hand_computed():
+    logp = torch.tensor([[[-1.0, -2.0, 5.0]], [[-0.5, -0.5, -0.5]]])  # (K=2, B=1, L=3)
+    ref = torch.tensor([[[-2.0, -2.0, -9.0]], [[-0.5, -0.5, -0.5]]])
+    masked = torch.tensor([[[True, True, False]], [[False, False, False]]])
+    k3 = math.exp(-1.0) + 1.0 - 1.0  # d = ref - logp = -1 on token 0, 0 on token 1
+    # sample 0: mean over its 2 masked tokens (the unmasked third is ignored); sample 1: no masked token -> 0
+    assert masked_token_kl(logp, ref, masked).item() == pytest.approx((k3 / 2 + 0.0) / 2)
+
+
+def test_kl_anchor_adds_beta_times_masked_token_kl(tiny_bundle):
+    """beta > 0: loss = StableDRL loss + beta * KL on the new masks; the KL's gradient pulls toward ref."""
+    ro = make_rollout(tiny_bundle)
+    net = tiny_bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
+    plain, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    # reference = the policy itself: KL exactly 0, loss unchanged
+    anchored, m = StableDRL(StableDRLConfig(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=old))
+    assert m["train/kl"].item() == 0.0 and anchored.item() == pytest.approx(plain.item(), abs=1e-7)
+    # a different reference: the added term is beta * the per-token k3 of the same masks
+    ref = copy.deepcopy(net).requires_grad_(False).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    anchored, m = StableDRL(StableDRLConfig(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=ref))
+    data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+    from diffusion_rl.likelihood.base import mask_seeds
+
+    seeds = mask_seeds(3, ro.rollout_id, ro.completion_ids.shape[0], 0)
+    with torch.no_grad():
+        s, r = est.sample(logits_fn(net), *data, seeds), est.sample(logits_fn(ref), *data, seeds)
+    kl = masked_token_kl(s.token_logps, r.token_logps, s.masked)
+    assert kl.item() > 0 and m["train/kl"].item() == pytest.approx(kl.item(), rel=1e-5)
+    assert anchored.item() == pytest.approx(plain.item() + 0.5 * kl.item(), rel=1e-5, abs=1e-6)
+    anchored.backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+def test_theta_equals_old_with_shared_masks_gives_zero_ratio_and_uniform_weights(tiny_bundle):
+    ro = make_rollout(tiny_bundle)
+    net = tiny_bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="inverse_t", t_min=1e-3), tiny_bundle.mask_token_id)
+    obj = StableDRL(StableDRLConfig(beta=0.0), est)
+    for it in range(2):
+        loss, m = obj.loss(_ctx(tiny_bundle, net, old, ro, it))
+        assert m["ratio/log_min"].item() == 0.0 and m["ratio/log_max"].item() == 0.0
+        assert m["weights/ess"].item() == pytest.approx(ro.group_size)
+        assert m["weights/max"].item() == pytest.approx(1 / ro.group_size)
+        loss.backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+        net.zero_grad()
+    # independent masks (the public code's regime): nonzero log-ratio at theta = theta_old
+    obj = StableDRL(StableDRLConfig(share_masks_with_old=False, beta=0.0), est)
+    _, m = obj.loss(_ctx(tiny_bundle, net, old, ro))
+    assert m["ratio/log_std"].item() > 0 and m["ratio/log_max"].item() > m["ratio/log_min"].item()
+
+
+def test_spg_mix_surrogate_changes_only_nonpositive_advantages(tiny_bundle):
+    ro = make_rollout(tiny_bundle)
+    net = tiny_bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
+    loss_e, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_m, m = StableDRL(StableDRLConfig(surrogate="spg_mix", beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    assert torch.isfinite(loss_m) and loss_m.item() != pytest.approx(loss_e.item())
+    assert m["ratio/log_max"].item() == 0.0  # weights still come from the ELBO ratio
+    ro.advantages = ro.advantages.abs() + 0.1  # every A > 0: both surrogates are the ELBO
+    loss_e, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_m, _ = StableDRL(StableDRLConfig(surrogate="spg_mix", beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    assert loss_m.item() == pytest.approx(loss_e.item(), rel=1e-6)
+
+
+def test_grpo_on_elbo_sequence_ratios(tmp_path, tiny_bundle):
+    from diffusion_rl.app.train import build
+
+    c = build(compose_cfg(["objective=grpo", "likelihood=elbo"], tmp_path))
+    assert c.objective.likelihood.per_token is False
+    ro = make_rollout(tiny_bundle)
+    net = tiny_bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    obj = type(c.objective)(c.objective.cfg, ELBOEstimator(c.objective.likelihood.cfg, tiny_bundle.mask_token_id))
+    loss, m = obj.loss(_ctx(tiny_bundle, net, old, ro))
+    assert m["ratio/log_max"].item() == 0.0 and m["ratio/clip_frac_high"].item() == 0.0
+    assert loss.item() == pytest.approx(-ro.advantages.mean().item(), abs=1e-6)  # ratio 1 everywhere
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+
+
+# ---------------------------------------------------------------- configs
+
+
+def test_stabledrl_config_selects_elbo_and_command_line_wins(tmp_path):
+    from diffusion_rl.app.train import build
+
+    cfg = compose_cfg(["objective=stabledrl"], tmp_path)
+    assert cfg.likelihood.name == "elbo" and cfg.objective.eps == 5.0
+    c = build(cfg)
+    assert isinstance(c.objective, StableDRL) and isinstance(c.objective.likelihood, ELBOEstimator)
+    cfg = compose_cfg(["objective=stabledrl", "likelihood=one_step"], tmp_path)
+    assert cfg.likelihood.name == "one_step"
+    with pytest.raises(ConfigError, match="likelihood.name"):
+        build(cfg)  # StableDRL refuses a per-token estimator in one line
+    assert compose_cfg(["objective=grpo"], tmp_path).likelihood.name == "one_step"
+
+
+def test_stabledrl_config_errors_name_the_key(tmp_path):
+    from diffusion_rl.app.train import build
+
+    for overrides, key in ((["objective.eps=-1"], "objective.eps"), (["objective.clip=soft"], "objective.clip"),
+                           (["objective.normalize=batch"], "objective.normalize"),
+                           (["objective.surrogate=spg_mix", "likelihood.weighting=inverse_t"], "likelihood.weighting")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            build(compose_cfg(["objective=stabledrl", *overrides], tmp_path))
+    build(compose_cfg(["objective=stabledrl", "objective.surrogate=spg_mix"], tmp_path))  # the default weighting fits
+
+
+def test_grpo_on_elbo_can_draw_fresh_masks(tmp_path, tiny_bundle):
+    """share_masks_with_old is every objective's: GRPO on ELBO ratios sees the paper's noisy regime too."""
+    from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
+
+    ro = make_rollout(tiny_bundle)
+    net = tiny_bundle.net
+    old = copy.deepcopy(net).requires_grad_(False).eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=1, weighting="inverse_t", t_min=1e-3), tiny_bundle.mask_token_id)
+    _, shared = GRPO(GRPOConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    _, fresh = GRPO(GRPOConfig(beta=0.0, share_masks_with_old=False), est).loss(_ctx(tiny_bundle, net, old, ro))
+    assert shared["ratio/log_std"].item() == 0.0 and fresh["ratio/log_std"].item() > 0

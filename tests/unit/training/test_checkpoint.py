@@ -1,0 +1,82 @@
+"""Checkpoints hold what a user expects: ``last.ckpt`` is the final model, every checkpoint carries its
+run's config, a file that is not a checkpoint is refused in one line (training/checkpoint.py)."""
+
+import pytest
+import torch
+
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.training.checkpoint import RUN_KEY, load_checkpoint, resolve_checkpoint
+
+
+def test_last_ckpt_is_the_final_model_when_max_steps_is_not_a_multiple_of_the_interval(tiny_run):
+    run, summary = tiny_run
+    assert summary["optimizer_steps"] == 5
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["last.ckpt", "step000002.ckpt", "step000004.ckpt"]
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    step4 = torch.load(run / "checkpoints" / "step000004.ckpt", weights_only=True)
+    assert last["global_step"] == 5  # Lightning alone leaves step 4 here
+    assert any(not torch.equal(v, step4["state_dict"][k]) for k, v in last["state_dict"].items() if k.startswith("policy."))
+    assert resolve_checkpoint(str(run), run).global_step == 5
+
+
+def test_every_checkpoint_carries_the_resolved_run_config(tiny_run):
+    run, summary = tiny_run
+    for name in ("last.ckpt", "step000002.ckpt"):
+        meta = resolve_checkpoint(str(run / "checkpoints" / name), run).run
+        assert meta["config"] == summary["config"]  # model, tokenizer and task as the run resolved them
+        assert meta["config"]["model"]["d_model"] == 32 and meta["config"]["task"]["num_test"] == 8
+        assert meta["wandb_id"] is None  # no W&B logger in this run
+    path, blob = load_checkpoint(run)
+    assert path.name == "last.ckpt" and blob[RUN_KEY]["config"]["task"]["name"] == "sudoku"
+
+
+def test_a_text_file_given_as_checkpoint_is_refused_in_plain_words(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my experiment notes\n")
+    for load in (lambda: resolve_checkpoint(str(notes), tmp_path), lambda: load_checkpoint(notes)):
+        with pytest.raises(ConfigError) as err:
+            load()
+        msg = str(err.value)
+        assert msg.startswith(f"ckpt_path='{notes}' is invalid: refused {notes}: not a PyTorch checkpoint")
+        assert "\n" not in msg and "mmap" not in msg and "zipfile" not in msg  # no torch-internal wording
+
+
+def test_only_the_newest_keep_last_k_step_checkpoints_are_kept(tmp_path):
+    from diffusion_rl.app.train import train
+    from tests.helpers.common import compose_cfg
+
+    cfg = compose_cfg(["trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1", "trainer.keep_last_k=2",
+                       "eval.before=false", "eval.after=false", "eval.every_n_steps=0"], tmp_path)
+    train(cfg, tmp_path / "run")
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["last.ckpt", "step000005.ckpt", "step000006.ckpt"]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert state and all(k.startswith("policy.") for k in state)  # neither the old nor the reference copy
+
+
+def test_a_lora_checkpoint_resumes_only_on_its_own_base(tmp_path):
+    """The frozen base is not in a LoRA checkpoint: it is named by path and content hash, and resuming
+    on another base stops in one line; on the same base the run resumes."""
+    pytest.importorskip("peft")
+    from diffusion_rl.app.train import train
+    from tests.helpers.common import compose_cfg
+    from tests.helpers.released_layouts import write_checkpoint
+
+    base = write_checkpoint("llada", tmp_path / "base", real_ids=False)
+    other = write_checkpoint("llada", tmp_path / "other", real_ids=False, seed=1)
+    common = ["model=llada_8b_instruct", "model.dtype=float32", "model.lora_r=4", "task.num_train=64", "task.num_test=4",
+              "task.num_val=4", "task.prompts_per_batch=2", "task.group_size=4", "warmstart.enabled=false",
+              "eval.before=false", "eval.after=false", "eval.every_n_steps=0", "sampler.gen_length=8",
+              "sampler.block_length=8", "sampler.steps=4", "trainer.enable_progress_bar=false",
+              "trainer.checkpoint_every_n_steps=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    train(compose_cfg([*common, f"model.path={base}", "trainer.max_steps=1"], tmp_path, tiny=False), tmp_path / "run")
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all("lora_" in k for k in ckpt["state_dict"]) and ckpt[RUN_KEY]["base"]["path"] == str(base.resolve())
+    with pytest.raises(ConfigError) as err:
+        train(compose_cfg([*common, f"model.path={other}", "trainer.max_steps=2", "ckpt_path=last"], tmp_path,
+                          tiny=False), tmp_path / "run")
+    assert str(err.value).startswith("ckpt_path=") and "its frozen weights are not in it" in str(err.value)
+    resumed = train(compose_cfg([*common, f"model.path={base}", "trainer.max_steps=2", "ckpt_path=last"], tmp_path,
+                                tiny=False), tmp_path / "run")
+    assert resumed["optimizer_steps"] == 2
