@@ -29,7 +29,8 @@ def scanned_files() -> list[Path]:
     for folder in SCANNED_DIRS:
         for path in sorted((ROOT / folder).rglob("*")):
             rel = path.relative_to(ROOT)
-            if path.is_file() and path.suffix in TEXT_SUFFIXES and not SKIPPED_PARTS & set(rel.parts):
+            built = any(part.endswith(".egg-info") for part in rel.parts)  # pip's build output, not ours
+            if path.is_file() and path.suffix in TEXT_SUFFIXES and not SKIPPED_PARTS & set(rel.parts) and not built:
                 files.append(path)
     return files
 
