@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,9 @@ def test_default_lengths_follow_the_prompt_style(tmp_path):
     assert ev_mod.gen_lengths(proto, task_compact, sampler) == [16]
     s = ev_mod.protocol_sampler(sampler, 512, proto)
     assert (s.block_length, s.steps, s.steps_per_block) == (32, 256, 16)
+    # the papers' order even from a random-order rollout sampler (conf/sampler/sudoku.yaml)
+    assert ev_mod.protocol_sampler(replace(sampler, remasking="random"), 16, proto).remasking == "low_confidence"
+    assert replace(sampler, remasking="random", cache="prefix").as_exact().remasking == "low_confidence"
 
 
 def test_rescoring_equals_the_original_scores_and_uses_the_current_config(tmp_path):

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -206,9 +206,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
     progress = c.trainer.enable_progress_bar
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
-    # the papers' evaluation protocol: low-confidence remasking on the exact schedule, whatever order and
-    # fewer-forward options the rollouts use (eval.fast_sampler=true: the rollouts' sampler as it is)
-    eval_sampler = c.sampler if c.run.eval.fast_sampler else replace(c.sampler.as_exact(), remasking="low_confidence")
+    # the papers' evaluation protocol whatever order and fewer-forward options the rollouts use
+    # (eval.fast_sampler=true: the rollouts' sampler as it is)
+    eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
     ev = c.run.eval
     periodic = PeriodicEval(c.task, test_items, eval_sampler, ev.batch_size, ev.every_n_steps, before=ev.before,
                             after=ev.after, periodic_items=datamodule.validation_items(), progress=progress)

@@ -128,9 +128,9 @@ class SamplerConfig:
         return self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
 
     def as_exact(self) -> SamplerConfig:
-        """This config with every fewer-forward option off: the exact sampler of
-        docs/methods.md §2."""
-        return replace(self, decode="fixed", cache="none", stop_after_eos=False)
+        """The exact sampler of docs/methods.md §2: low-confidence remasking with every fewer-forward
+        option off (a rollout sampler may unmask in random order; the papers evaluate this way)."""
+        return replace(self, decode="fixed", cache="none", stop_after_eos=False, remasking="low_confidence")
 
 
 class StepRecorder(Protocol):
