@@ -59,35 +59,39 @@ class RMSNorm(nn.Module):
         return (x.float() * torch.rsqrt(var + self.eps)).type_as(x) * self.weight
 
 
-def rotary(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotate pairs of channels of ``x`` (B, H, L, D) by angles ``pos`` (B, L) x frequency."""
-    d = x.shape[-1]
-    freqs = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (D/2,)
+def rotary_table(pos: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
+    """Unit complex numbers ``exp(i * pos * base^(-2j/D))``, (B, 1, L, D/2) complex64: computed once
+    per forward and shared by every layer's queries and keys."""
+    freqs = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)  # (D/2,)
     ang = pos.float()[:, None, :, None] * freqs  # (B, 1, L, D/2)
-    cos, sin = ang.cos().type_as(x), ang.sin().type_as(x)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.flatten(-2)
+    return torch.polar(torch.ones_like(ang), ang)
+
+
+def rotary(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of channels ``(x[2j], x[2j+1])`` of ``x`` (B, H, L, D) by the angles of ``table``
+    (:func:`rotary_table`): one complex multiply, in fp32, cast back to ``x``'s dtype."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (B, H, L, D/2)
+    return torch.view_as_real(pairs * table).flatten(-2).type_as(x)
 
 
 class Block(nn.Module):
     def __init__(self, cfg: TinyConfig):
         super().__init__()
         d, hidden = cfg.d_model, int(cfg.ffn_mult * cfg.d_model) // 8 * 8
-        self.n_heads, self.rope_base = cfg.n_heads, cfg.rope_base
+        self.n_heads = cfg.n_heads
         self.norm1, self.norm2 = RMSNorm(d), RMSNorm(d)
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.proj = nn.Linear(d, d, bias=False)
         self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, d, bias=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """-> (new x (B, L, D), this layer's keys/values over cached + new tokens (B, H, S + L, Dh))."""
         B, L, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-        q, k = rotary(q, pos, self.rope_base), rotary(k, pos, self.rope_base)
+        q, k = rotary(q, rope), rotary(k, rope)  # rope: rotary_table(...) of the new tokens' positions
         if past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)  # (B, H, S + L, Dh)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, L, Dh)
@@ -162,9 +166,10 @@ class TinyDiffusionLM(nn.Module):
         x = self.embed(input_ids)  # (B, L, D)
         if self.pos_embed is not None:
             x = x + self.pos_embed(position_ids.clamp(max=self.config.max_len - 1))
+        rope = rotary_table(position_ids, self.config.d_model // self.config.n_heads, self.config.rope_base)
         cache: KVCache = []
         for i, blk in enumerate(self.blocks):
-            x, kv = blk(x, position_ids, mask, None if past_key_values is None else past_key_values[i])
+            x, kv = blk(x, rope, mask, None if past_key_values is None else past_key_values[i])
             if use_cache:  # else each layer's keys and values are freed as soon as it is done
                 cache.append(kv)
         out = head_outputs(self.norm(x), self.head, keep, targets, select)
