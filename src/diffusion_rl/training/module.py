@@ -229,8 +229,8 @@ class DiffusionRLModule(L.LightningModule):
             ref = logits_fn(self.ref_policy) if self.ref_policy is not None else reference_logits_fn(self.policy)
         policy = logits_fn(self.policy)
         if self.old_policy is not None:
-            return StepContext(ro, 0, self.seed, policy, logits_fn(self.old_policy), ref)
-        ctx = StepContext(ro, 0, self.seed, policy, policy, ref)
+            return StepContext(ro, 0, self.seed, policy, logits_fn(self.old_policy), ref, policy_is_old=True)
+        ctx = StepContext(ro, 0, self.seed, policy, policy, ref, policy_is_old=True)
         self.policy.eval()
         self.objective.precompute_old(ctx, self.objective.cfg.mu)
         ctx.old_policy = None
@@ -260,6 +260,7 @@ class DiffusionRLModule(L.LightningModule):
             return
         self._consecutive_skips = 0
         opt.step()
+        ctx.policy_is_old = False
         sched.step()
         row = {k: float(v) for k, v in metrics.items()}
         if inner_iter == 0:

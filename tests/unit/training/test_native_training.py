@@ -95,9 +95,14 @@ def test_two_rl_steps(folders, arch, objective, lora, tmp_path, monkeypatch):
 def test_lora_dropout_leaves_the_ratio_exactly_one_at_theta_old(folders, old_policy, tmp_path, monkeypatch):
     """Old and new log-probs are taken in one mode (dropout off in both), so with one update per
     rollout the ratio is exactly 1 at every step, LoRA dropout or not; with dropout left on in the
-    update it is not once the B matrices have left zero (the control: the test can fail)."""
+    update it is not once the B matrices have left zero (the control: the test can fail). The old
+    policy's forward is forced (at the first update after a rollout it is skipped otherwise, its
+    values being the policy's own), so the two forwards' modes are what is compared."""
     pytest.importorskip("peft")
     import diffusion_rl.training.module as module_mod
+    from diffusion_rl.rl.objectives.base import Objective
+
+    monkeypatch.setattr(Objective, "scores_old_like_policy", lambda self: False)
 
     def ratio_spread(run_dir: Path) -> list[float]:
         rows = list(csv.DictReader(open(run_dir / "metrics.csv")))

@@ -117,6 +117,9 @@ class StepContext:
     ref_policy: Forward | None  # frozen reference policy (beta > 0)
     cache: dict[str, Any] = field(default_factory=dict)  # per-rollout memo shared across inner iters
     old_values: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed old_values()
+    # the policy holds the behaviour policy's weights (the module sets it for the first update after a
+    # rollout): old values scored like the policy's are then the policy's own (scores_old_like_policy)
+    policy_is_old: bool = False
 
 
 # ---- shared loss helpers ----------------------------------------------------------------
@@ -237,6 +240,14 @@ class Objective(ABC):
         assert ctx.old_policy is not None
         return self.score(ctx, ctx.old_policy, "old").logp
 
+    def scores_old_like_policy(self) -> bool:
+        """Whether the old policy is scored exactly as the policy (the same masks:
+        ``share_masks_with_old``), so that while the two hold the same weights (``ctx.policy_is_old``:
+        the first update after a rollout) the old values are the policy's own, detached, the ratio is 1
+        by construction and the old policy's forward is skipped. An objective whose old values come
+        another way (EGSPO's recorded log-probs) says no."""
+        return self.cfg.share_masks_with_old
+
     def behaviour(self, ctx: StepContext) -> torch.Tensor:
         """:meth:`old_values` for this inner update: precomputed at rollout time, or computed now."""
         if ctx.inner_iter in ctx.old_values:
@@ -251,6 +262,8 @@ class Objective(ABC):
             return
         with torch.no_grad():
             for it in range(num_iters):
+                if it == 0 and ctx.policy_is_old and self.scores_old_like_policy():
+                    continue  # the first update takes them from the policy's own forward
                 ctx.inner_iter = it
                 ctx.old_values[it] = self.old_values(ctx)
         ctx.inner_iter = 0
@@ -277,12 +290,15 @@ class Objective(ABC):
     def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss of the *global* batch for one inner update and its detached metrics."""
         ro, c = ctx.rollout, self.cfg
-        old = self.behaviour(ctx) if self.needs_old_values() else None
+        s = self.score(ctx, ctx.policy, "policy")
+        old = None
+        if self.needs_old_values():
+            alike = ctx.policy_is_old and self.scores_old_like_policy()
+            old = s.logp.detach() if alike else self.behaviour(ctx)
         ref = None
         if c.beta > 0 and ctx.ref_policy is not None:
             with torch.no_grad():
                 ref = self.score(ctx, ctx.ref_policy, "ref")
-        s = self.score(ctx, ctx.policy, "policy")
         g = ro.shard.gather  # every process's rows (identity on one process)
         surrogate = None if s.surrogate is None else g(s.surrogate)
         old = None if old is None else g(old)

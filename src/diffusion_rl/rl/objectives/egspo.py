@@ -166,6 +166,9 @@ class EGSPO(Objective):
         ctx.cache["egspo/batch"] = memo
         return memo
 
+    def scores_old_like_policy(self) -> bool:
+        return super().scores_old_like_policy() and self.cfg.old_logp == "recompute"
+
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
         b = self._batch(ctx)
         mask = b["valid"].float()
