@@ -168,7 +168,9 @@ def test_task_train_test_disjoint_by_solution_grid():
 def test_task_prompt_target_and_rewards():
     task = _task()
     item = {"puzzle": PUZZLE, "solution": GRID}
-    assert task.prompt(item) == "3102200002100320="
+    assert task.prompt(item) == "="  # the canvas holds the givens (pinned): the prompt need not repeat them
+    assert _task(givens_in_prompt=True).prompt(item) == "3102200002100320="
+    assert _task(pin_givens=False).prompt(item) == "3102200002100320="  # the prompt is all the model sees
     assert task.target(item) == GRID
     rewards = task.rewards([GRID, "", f"<answer>{GRID}</answer>"], [item] * 3)
     assert rewards.tolist() == [1.0, 0.0, 1.0]
