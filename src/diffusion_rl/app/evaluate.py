@@ -320,6 +320,7 @@ def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path, overrides: list[st
     items = task.test_items()  # and a missing or malformed test file
     bundle = None
     if policy != "reference":
+        torch.manual_seed(run.warmstart.seed)  # the initial weights a training run with this warm start had
         bundle = build_policy(from_dict(ModelConfig, cfg.model, "model"))
         if ckpt is not None:
             restore_policy(bundle, ckpt[1], ckpt[0], str(run.ckpt_path), from_dict(ModelConfig, cfg.model, "model"),

@@ -148,12 +148,12 @@ def build_task(task_cfg: Any) -> Task:
 
 
 def warm_start_key(cfg: DictConfig) -> dict[str, Any]:
-    """What besides ``warmstart.*`` shapes a warm start (its cache key): the model, the task's data, the seed."""
+    """What besides ``warmstart.*`` (its seed included) shapes a warm start (its cache key): the model and
+    the task's data. The RL seed does not: every RL seed of a comparison shares one warm start."""
     task = dict(OmegaConf.to_container(cfg.task, resolve=True))  # type: ignore[arg-type]
     return {"model": OmegaConf.to_container(cfg.model, resolve=True),
             "task": {k: v for k, v in task.items()
-                     if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")},
-            "seed": cfg.seed}
+                     if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")}}
 
 
 def build(cfg: DictConfig, meta: bool = False) -> Components:
@@ -194,12 +194,14 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    L.seed_everything(run_config(cfg).seed, workers=True, verbose=False)  # a bad root value fails here
+    run = run_config(cfg)  # a bad root value fails here
+    # the model's initial weights (and LoRA adapters) are part of what the RL seeds share, as the warm start
+    L.seed_everything(run.warmstart.seed, workers=True, verbose=False)
     first = is_first_process()
     c = build(cfg, meta=cfg.trainer.strategy == "fsdp" and not first)  # FSDP: the first process loads the weights
     fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
     check_loggers(cfg)
-    datamodule = TaskDataModule(c.task, c.run.rollout.oversample)
+    datamodule = TaskDataModule(c.task, c.run.rollout.oversample, seed=c.run.seed)
     datamodule.setup()  # reads the task's files: a missing file or a bad row stops here, in one line
     test_items = datamodule.test_items()
     # ckpt_path=last | a run folder | a file; a missing or corrupt one stops here, before any work
@@ -239,6 +241,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                                    truncated_reward=c.run.rollout.truncated_reward)
         module.warm_start, module.base = provenance, base
         module.run_config = config  # type: ignore[assignment]
+        L.seed_everything(c.run.seed, workers=True, verbose=False)  # from here on the RL seed
         t_fit = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
         fit_s = time.perf_counter() - t_fit

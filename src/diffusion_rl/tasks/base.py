@@ -265,11 +265,12 @@ def _collate(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class TaskDataModule(L.LightningDataModule):
-    """Serves batches of ``prompts_per_batch`` training items (shuffled by a seeded generator)."""
+    """Serves batches of ``prompts_per_batch`` training items, shuffled by a generator seeded with
+    ``seed`` (the run's RL seed; the items themselves come from ``task.seed``)."""
 
-    def __init__(self, task: Task, oversample: int = 1):
+    def __init__(self, task: Task, oversample: int = 1, seed: int = 0):
         super().__init__()
-        self.task, self.oversample = task, oversample  # prompts per step: prompts_per_batch x oversample
+        self.task, self.oversample, self.seed = task, oversample, seed  # prompts per step: prompts_per_batch x oversample
         self._train: list[dict[str, Any]] | None = None
         self._test: list[dict[str, Any]] | None = None
 
@@ -285,7 +286,7 @@ class TaskDataModule(L.LightningDataModule):
         return ResumableLoader(
             _Items(self._train),
             batch_size=self.task.cfg.prompts_per_batch * self.oversample,
-            seed=self.task.cfg.seed,
+            seed=self.seed,
             drop_last=len(self._train) >= self.task.cfg.prompts_per_batch * self.oversample,
             collate_fn=_collate,
         )

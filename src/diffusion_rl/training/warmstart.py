@@ -33,7 +33,9 @@ class WarmStartConfig:
     steps: int = 140
     batch_size: int = 128
     lr: float = 2e-3
-    seed: int = 0  # conf/config.yaml ties it to the run seed
+    # what every RL seed of a comparison shares: the model's initial weights, this run and (conf/config.yaml
+    # ties task.seed to it) the task's generated data; the RL seed is the root key `seed`
+    seed: int = 0
     cache: bool = True  # reuse a warm start trained with the same config (outputs/cache/warmstart)
     # "inverse_t": LLaDA's 1/t ELBO weighting; "mean" over masked tokens, which made SFT faster here
     weighting: str = "mean"
