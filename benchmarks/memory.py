@@ -58,7 +58,7 @@ from diffusion_rl.models.adapters import enable_activation_checkpointing  # noqa
 from diffusion_rl.models.llada import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from diffusion_rl.models.native import NativeDiffusionLM  # noqa: E402
 from diffusion_rl.models.policy import logits_fn  # noqa: E402
-from diffusion_rl.sampling import SamplerConfig  # noqa: E402
+from diffusion_rl.sampling import RowNoise, SamplerConfig  # noqa: E402
 from diffusion_rl.sampling.sampler import generate  # noqa: E402
 
 LLADA_VOCAB = 126464
@@ -154,7 +154,7 @@ def phases(s: Size, split: bool = True) -> dict[str, int]:
 
     def rollout():
         net.eval()
-        generate(fwd, prompt, pmask, sampler, s.vocab - 1, torch.Generator().manual_seed(2))
+        generate(fwd, prompt, pmask, sampler, s.vocab - 1, RowNoise.rows(2, 0, s.rows))
 
     def old():
         with torch.no_grad():
@@ -319,7 +319,7 @@ def sampler_target(rows: int = 4, gen: int = 256, prompt: int = 200) -> tuple[in
     prompt_ids, pmask, _, _ = batch(s)
     cfg = SamplerConfig(gen_length=gen, block_length=32, steps=gen // 32, temperature=1.0)  # LLaDA's float64 noise
     run = lambda fwd: peak_bytes(lambda: generate(fwd, prompt_ids, pmask, cfg, s.vocab - 1,  # noqa: E731
-                                                  torch.Generator().manual_seed(0)))
+                                                  RowNoise.rows(0, 0, rows)))
     return run(full_logits(net)), run(logits_fn(net))
 
 

@@ -31,11 +31,11 @@ from tests.helpers.released_layouts import write_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}
-# two prompts x 4 samples = 8 rows, 4 per process; the one-process run draws its noise in calls of the
-# same 4 rows (sampler.rollout_batch_size), so both sample the same completions
+# two prompts x 4 samples = 8 rows, 4 per process; each row's noise is keyed by its global row, so the
+# one-process run samples the same completions as the two processes
 RUN = ["model=llada_8b_instruct", "model.dtype=float32", "old_policy=cached", "task.num_train=64", "task.num_test=8",
        "task.num_val=8", "task.prompts_per_batch=2", "task.group_size=4", "warmstart.enabled=false",
-       "sampler.gen_length=16", "sampler.block_length=16", "sampler.steps=4", "sampler.rollout_batch_size=4",
+       "sampler.gen_length=16", "sampler.block_length=16", "sampler.steps=4",
        "trainer.max_steps=3", "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=2",
        "eval.batch_size=8", "eval.every_n_steps=2", "trainer.accelerator=cpu", "diagnostics.samples_every_n_steps=0"]
 FSDP = ["trainer=fsdp", "trainer.strategy_kwargs.param_dtype=null", "trainer.strategy_kwargs.reduce_dtype=null"]

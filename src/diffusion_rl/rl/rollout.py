@@ -6,7 +6,8 @@ One call of :class:`RolloutEngine` does, for a batch of task items:
    (``core/distributed.py``);
 2. sample completions with the behaviour policy (the sampler of docs/methods.md §2 with the options
    of §10, or the block sampler for a block model), ``sampler.rollout_batch_size`` rows per call,
-   each call's Gumbel noise from a generator keyed by ``(seed, rollout id, first global row)``; the
+   each row's Gumbel noise from its own generator keyed by ``(seed, rollout id, global row)``
+   (``sampling/noise.py``: the call size and the number of processes change no sample); the
    trajectory is recorded when the objective trains on denoising steps. The sampler's own
    log-probability of every committed token rides on the rollout (``Rollout.sampler_logp``:
    behaviour correction and ``rollout/mismatch_log_ratio``, ``rl/objectives/behaviour.py``);
@@ -45,7 +46,7 @@ from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_
 from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import Objective
-from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
 from diffusion_rl.sampling.sampler import completion_mask
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
@@ -213,13 +214,12 @@ class RolloutEngine:
         parts, logps = [], []
         ent = torch.zeros(2, dtype=torch.float64, device=ids.device)
         cost = torch.zeros(4, dtype=torch.float64, device=ids.device)
+        key = mix_seed(self.seed, rollout_id, _GUMBEL_SALT)
         for s in range(0, n, size):
-            first = offset + s  # global row: the same rows draw the same noise on any number of processes
-            key = (mix_seed(self.seed, rollout_id, _GUMBEL_SALT) if first == 0
-                   else mix_seed(self.seed, rollout_id, _GUMBEL_SALT, first))
-            gen = torch.Generator(device=ids.device).manual_seed(key)
+            # each row keyed by its global row: the same rows draw the same noise in any chunks, on any number of processes
+            noise = RowNoise.rows(key, offset + s, ids[s:s + size].shape[0])
             out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler,
-                                  self.bundle.mask_token_id, gen, recorder, eos_id=self.bundle.eos_token_id,
+                                  self.bundle.mask_token_id, noise, recorder, eos_id=self.bundle.eos_token_id,
                                   canvas=None if canvas is None else canvas[s:s + size])
             parts.append(out.completion)
             assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None

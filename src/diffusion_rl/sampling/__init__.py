@@ -1,5 +1,6 @@
 """Rollout samplers for diffusion LMs."""
 
+from diffusion_rl.sampling.noise import RowNoise
 from diffusion_rl.sampling.sampler import (
     SampleOutput,
     SamplerConfig,
@@ -8,4 +9,4 @@ from diffusion_rl.sampling.sampler import (
     num_transfer_tokens,
 )
 
-__all__ = ["SamplerConfig", "SampleOutput", "StepRecorder", "generate", "num_transfer_tokens"]
+__all__ = ["RowNoise", "SamplerConfig", "SampleOutput", "StepRecorder", "generate", "num_transfer_tokens"]

@@ -27,16 +27,17 @@ from torch import nn
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import logits_fn
+from diffusion_rl.sampling.noise import RowNoise
 from diffusion_rl.sampling.sampler import (
     CommitStats,
     SampleOutput,
     SamplerConfig,
     StepRecorder,
-    all_ended,
     block_schedule,
     denoise_step,
     fill_after,
     generate,
+    mark_ended,
     start_canvas,
 )
 
@@ -80,7 +81,7 @@ def block_generate(
     cfg: SamplerConfig,
     block_size: int,
     mask_id: int,
-    generator: torch.Generator | None = None,
+    noise: RowNoise | None = None,
     recorder: StepRecorder | None = None,
     use_cache: bool = True,
     eos_id: int | None = None,
@@ -93,7 +94,8 @@ def block_generate(
     tensors; the logits outside the current block are zeros (a block model has not computed them:
     EGSPO-SA's greedy completions of later blocks are therefore not meaningful here).
     ``sampler.decode``, ``sampler.stop_after_eos`` (which needs ``eos_id``; SDAR's sampler stops
-    after a block that holds EOS too) and ``canvas`` (pinned tokens) work as in the masked-diffusion sampler.
+    after a block that holds EOS too), ``canvas`` (pinned tokens) and ``noise`` (per-row random
+    numbers) work as in the masked-diffusion sampler.
     """
     check_block_sampler(cfg, block_size)
     if cfg.stop_after_eos and eos_id is None:
@@ -111,10 +113,12 @@ def block_generate(
     if use_cache and P > 0:  # prefill: the prompt's blocks
         cache = net(input_ids=x[:, :P], attention_mask=keep[:, :P], use_cache=True).past_key_values
         stats.forward(P)
+    ended_at = torch.full((B,), P + L, dtype=torch.long, device=device)  # stop_after_eos: where a row ended
     step = 0
     for start in range(P, P + L, bs):
         end = start + bs
-        for k in block_schedule(cfg, x[:, start:end], mask_id, n_steps):  # a view: sees the commits
+        live = ended_at > start  # (B,) the rows still decoding
+        for k in block_schedule(cfg, x[:, start:end], mask_id, n_steps, live):  # a view: sees the commits
             blk = x[:, start:end]  # (B, bs)
             if use_cache:
                 logits = net(input_ids=blk, attention_mask=keep[:, :end], past_key_values=cache).logits.float()
@@ -123,19 +127,20 @@ def block_generate(
                 logits = net(input_ids=x[:, :end], attention_mask=keep[:, :end],
                              keep=slice(start, end)).logits.float()  # (B, bs, V)
                 stats.forward(end)
-            cand, commit = denoise_step(logits, blk == mask_id, k, cfg, generator, gdtype)  # (B, bs)
+            cand, commit = denoise_step(logits, (blk == mask_id) & live[:, None], k, cfg, noise, gdtype)  # (B, bs)
             stats.add(logits, commit, cand, start)
             if recorder is not None:
                 _record(recorder, step, x, logits, cand, commit, start)
             x[:, start:end] = torch.where(commit, cand, blk)
             step += 1
-        if cfg.stop_after_eos and end < P + L and all_ended(x, P, end, eos_id, mask_id):  # type: ignore[arg-type]
-            x = fill_after(x, end, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
+        if cfg.stop_after_eos and end < P + L and mark_ended(x, P, end, eos_id, mask_id, ended_at):  # type: ignore[arg-type]
             break
         if use_cache and end < P + L:  # the finished block is clean context from now on
             cache = net(input_ids=x[:, start:end], attention_mask=keep[:, :end], past_key_values=cache,
                         use_cache=True).past_key_values
             stats.forward(bs)
+    if cfg.stop_after_eos:
+        x = fill_after(x, ended_at, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
     return stats.finish(x[:, pad:], x[:, P:])
 
 
@@ -154,14 +159,14 @@ def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Te
 
 
 def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
-                    cfg: SamplerConfig, mask_id: int, generator: torch.Generator | None = None,
+                    cfg: SamplerConfig, mask_id: int, noise: RowNoise | None = None,
                     recorder: StepRecorder | None = None, eos_id: int | None = None,
                     canvas: torch.Tensor | None = None) -> SampleOutput:
     """The sampler a network needs: block diffusion for a block model (``block_size > 0``), with the
     key/value cache where the network supports it, else the masked-diffusion sampler (with
     ``sampler.cache`` on ``net``)."""
     if block_size > 0:
-        return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, generator, recorder,
+        return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, noise, recorder,
                               use_cache=getattr(net, "supports_kv_cache", False), eos_id=eos_id, canvas=canvas)
-    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, generator, recorder, net=net, eos_id=eos_id,
+    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, noise, recorder, net=net, eos_id=eos_id,
                     canvas=canvas)

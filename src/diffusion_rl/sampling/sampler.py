@@ -15,6 +15,11 @@ the entropy of the distributions the committed tokens were drawn from (``train/e
 sampler's own temperature-1 log-probability of each committed token (``rollout/mismatch_log_ratio``,
 behaviour correction) and the forward passes spent (``rollout/forwards_per_sample``).
 
+Every random number (Gumbel noise, random-remasking confidences) is drawn per row from a
+:class:`~diffusion_rl.sampling.noise.RowNoise` keyed by the row's ids, and a row draws only while it
+has a position to commit: a sample depends on its key and its prompt, not on the rows that share
+its call (``sampler.rollout_batch_size``, the number of processes, the evaluation batch size).
+
 The exact sampler is ``decode=fixed cache=none stop_after_eos=false`` (the defaults). The options:
 
 - ``decode=threshold``: every masked candidate of the current block whose probability is *above*
@@ -27,9 +32,10 @@ The exact sampler is ``decode=fixed cache=none stop_after_eos=false`` (the defau
   the masked suffix) are reused within a block instead of being recomputed; approximations for a
   bidirectional model, refreshed by a full forward at each block start (and every ``cache_refresh``
   steps when set: ``cache_refresh=1`` is the exact sampler again).
-- ``stop_after_eos``: once every row holds an EOS with nothing masked after it at the end of a
-  block, the remaining blocks are filled with EOS without a forward pass (the completion mask
-  ignores tokens after the first EOS; the likelihood estimators still see them as context).
+- ``stop_after_eos``: a row that holds an EOS with nothing masked after it at the end of a block
+  decodes no further, and its remaining positions are set to EOS; once every row has ended, the
+  remaining blocks take no forward pass (the completion mask ignores tokens after the first EOS; the
+  likelihood estimators still see them as context).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from torch import nn
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.sampling.cache import step_logits
+from diffusion_rl.sampling.noise import RowNoise, uniform
 
 Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (ids, attn) -> logits
 DECODES = ("fixed", "threshold", "factor")
@@ -59,8 +66,7 @@ class SamplerConfig:
     cfg_scale: float = 0.0  # classifier-free guidance (LLaDA); 0 = off
     gumbel_dtype: str = "float64"  # float64 as LLaDA; float32 is faster and nearly the same
     # rows per sampler call in training rollouts (0 = a process's whole share): bounds memory on big
-    # models; each call draws its noise from a generator keyed by its first global row, so runs on
-    # 1 and on W processes match when both use the same value (e.g. rows per process)
+    # models; changes no sample (each row's noise is keyed by its own global row: sampling/noise.py)
     rollout_batch_size: int = 0
     # Fewer forward passes (docs/methods.md §10, Fast-dLLM); the defaults are the exact sampler of
     # docs/methods.md §2.
@@ -69,7 +75,7 @@ class SamplerConfig:
     factor: float = 1.0  # decode=factor: commit the n most confident while c_n >= 1 - factor / (n + 1)
     cache: str = "none"  # none | prefix | dual: key/value caches of a full-attention model
     cache_refresh: int = 0  # also recompute everything every this many steps inside a block (0: at block starts only)
-    stop_after_eos: bool = False  # fill the remaining blocks with EOS once every row has ended
+    stop_after_eos: bool = False  # a row that has ended at a block end takes EOS for the rest; stop once all have
 
     def validate(self, prefix: str = "sampler") -> None:
         for key in ("gen_length", "block_length", "steps"):
@@ -163,7 +169,7 @@ class SampleOutput:
     forwards: int = 0  # forward passes each row went through (classifier-free guidance counts 2)
     forward_tokens: int = 0  # query positions each row sent through the model (the FLOP measure)
     steps: int = 0  # denoising steps taken
-    filled: int = 0  # completion tokens per row set to EOS without a forward (stop_after_eos)
+    filled: float = 0.0  # completion tokens set to EOS without a forward (stop_after_eos), mean per row
 
 
 class CommitStats:
@@ -174,7 +180,8 @@ class CommitStats:
         self.entropy_sum = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.long, device=device)
         self.token_logp = torch.zeros(batch, width, dtype=torch.float32, device=device)  # (B, T)
-        self.forwards = self.forward_tokens = self.steps = self.filled = 0
+        self.forwards = self.forward_tokens = self.steps = 0
+        self.filled = 0.0
 
     def forward(self, width: int, passes: int = 1) -> None:
         """Count one model call over ``width`` query positions per row (``passes`` rows per sample)."""
@@ -211,27 +218,36 @@ def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
-                   fixed_steps: int) -> Iterator[torch.Tensor | None]:
+                   fixed_steps: int, live: torch.Tensor | None = None) -> Iterator[torch.Tensor | None]:
     """The commit counts of one block's steps. ``block`` (B, n) is a *view* of the block in the state
-    the sampler updates in place. ``decode=fixed`` gives ``fixed_steps`` counts (B,) of
-    :func:`num_transfer_tokens`; ``threshold`` / ``factor`` give ``None`` (the count is read from the
-    confidences) while a masked position is left, at most as many times as there were at the start."""
-    masked = (block == mask_id).sum(-1)  # (B,)
+    the sampler updates in place; ``live`` (B,) bool the rows still decoding (None: all).
+    ``decode=fixed`` gives ``fixed_steps`` counts (B,) of :func:`num_transfer_tokens`; ``threshold`` /
+    ``factor`` give ``None`` (the count is read from the confidences) while a live row has a masked
+    position left, at most as many times as there were at the start."""
+    def open_() -> torch.Tensor:  # (B, n) the positions left to decode
+        return block == mask_id if live is None else (block == mask_id) & live[:, None]
+
+    masked = open_().sum(-1)  # (B,)
     if cfg.decode == "fixed":
         yield from num_transfer_tokens(masked, fixed_steps).unbind(1)
         return
     for _ in range(int(masked.max()) if masked.numel() else 0):
-        if not bool((block == mask_id).any()):
+        if not bool(open_().any()):
             return
         yield None
 
 
-def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
-                  dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """``argmax(logits / tau + Gumbel)``; plain argmax at ``tau = 0``. logits (B, T, V) -> (B, T)."""
+def gumbel_argmax(logits: torch.Tensor, temperature: float, noise: RowNoise | None,
+                  dtype: torch.dtype = torch.float64, active: torch.Tensor | None = None) -> torch.Tensor:
+    """``argmax(logits / tau + Gumbel)``; plain argmax at ``tau = 0``. logits (B, T, V) -> (B, T).
+
+    ``noise`` keys each row's draw (None: the global generator); ``active`` (B,) bool the rows that
+    draw (None: all), the others get no noise."""
     if temperature == 0:
         return logits.argmax(-1)
-    g = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=dtype)
+    if active is None:
+        active = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+    g = uniform(noise, tuple(logits.shape[1:]), active, dtype, logits.device)  # (B, T, V)
     g.clamp_(min=torch.finfo(dtype).tiny).log_().neg_().log_().neg_()  # Gumbel noise, in place: one buffer
     return g.add_(logits.to(dtype) / temperature).argmax(-1)  # logits / tau + noise, as the reference computes it
 
@@ -260,39 +276,52 @@ def parallel_count(conf: torch.Tensor, allowed: torch.Tensor, cfg: SamplerConfig
 
 
 def denoise_step(logits: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor | None, cfg: SamplerConfig,
-                 generator: torch.Generator | None, gumbel_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                 noise: RowNoise | None, gumbel_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """One low-confidence remasking step (docs/methods.md §2) over a region of ``T`` positions.
 
     logits (B, T, V); ``allowed`` (B, T) the masked positions that may be committed now (in the
     current block); ``k`` (B,) how many to commit, or None to let ``cfg.decode`` (threshold, factor)
     choose from the confidences. Returns the candidates (B, T), drawn at every position, and the
-    committed positions (B, T) bool: the ``k`` most confident allowed ones.
+    committed positions (B, T) bool: the ``k`` most confident allowed ones. Only the rows with an
+    allowed position draw from ``noise`` (``sampling/noise.py``): a row's numbers depend on its own
+    progress alone, not on the rows beside it.
     """
-    cand = gumbel_argmax(logits, cfg.temperature, generator, gumbel_dtype)  # (B, T)
+    active = allowed.any(-1)  # (B,)
+    cand = gumbel_argmax(logits, cfg.temperature, noise, gumbel_dtype, active)  # (B, T)
     if cfg.remasking == "low_confidence":
         conf = logits.float().softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, T)
     else:
-        conf = torch.rand(allowed.shape, generator=generator, device=allowed.device)
+        conf = uniform(noise, tuple(allowed.shape[1:]), active, torch.float32, allowed.device)  # (B, T)
     if k is None:
         k = parallel_count(conf, allowed, cfg)
     conf = conf.masked_fill(~allowed, float("-inf"))
     return cand, top_k_per_row(conf, k) & allowed
 
 
-def all_ended(x: torch.Tensor, start: int, end: int, eos_id: int, mask_id: int) -> bool:
-    """Whether every row of ``x[:, start:end]`` holds an EOS with no masked position after its first one."""
+def rows_ended(x: torch.Tensor, start: int, end: int, eos_id: int, mask_id: int) -> torch.Tensor:
+    """(B,) bool: the rows of ``x[:, start:end]`` holding an EOS with no masked position after their first one."""
     part = x[:, start:end]  # (B, n)
     eos = (part == eos_id).long().cumsum(-1) > 0  # (B, n) at or after the first EOS
-    return bool(eos[:, -1].all()) and not bool((eos & (part == mask_id)).any())
+    return eos[:, -1] & ~(eos & (part == mask_id)).any(-1)
 
 
-def fill_after(x: torch.Tensor, end: int, eos_id: int, mask_id: int, stats: CommitStats,
+def mark_ended(x: torch.Tensor, start: int, end: int, eos_id: int, mask_id: int, ended_at: torch.Tensor) -> bool:
+    """``stop_after_eos`` at the end ``end`` of a block: set ``ended_at`` (B,) to ``end`` for the rows
+    that have now ended (they decode no further: a row's tokens do not depend on the rows beside it).
+    -> whether every row has ended."""
+    newly = rows_ended(x, start, end, eos_id, mask_id) & (ended_at > end)  # (B,)
+    ended_at[newly] = end
+    return bool((ended_at <= end).all())
+
+
+def fill_after(x: torch.Tensor, ended_at: torch.Tensor, eos_id: int, mask_id: int, stats: CommitStats,
                recorder: StepRecorder | None) -> torch.Tensor:
-    """``stop_after_eos``: set every masked position from ``end`` on to EOS, no forward. -> new x"""
-    filled = torch.zeros_like(x, dtype=torch.bool)
-    filled[:, end:] = x[:, end:] == mask_id
-    stats.filled = int(filled.sum(-1).max())
-    if recorder is not None:
+    """``stop_after_eos``: set every masked position of a row from its ``ended_at`` (B,) on to EOS,
+    no forward (after the last step). -> new x"""
+    pos = torch.arange(x.shape[1], device=x.device)  # (T,)
+    filled = (x == mask_id) & (pos[None, :] >= ended_at[:, None])  # (B, T)
+    stats.filled = float(filled.sum(-1).double().mean()) if filled.numel() else 0.0
+    if recorder is not None and bool(filled.any()):
         recorder.on_fill(filled, eos_id)
     return x.masked_fill(filled, eos_id)
 
@@ -304,7 +333,7 @@ def generate(
     prompt_mask: torch.Tensor | None,  # (B, P) 1 = real token, or None
     cfg: SamplerConfig,
     mask_id: int,
-    generator: torch.Generator | None = None,
+    noise: RowNoise | None = None,
     recorder: StepRecorder | None = None,
     *,
     net: nn.Module | None = None,
@@ -317,6 +346,7 @@ def generate(
     ``stop_after_eos`` the EOS id. ``canvas`` (B, L): the completion to start from, the mask id at the
     positions to decode; any other token is pinned (a task's known tokens: never masked, sampled or
     committed, and each block commits its masked positions only); None: every position masked.
+    ``noise``: each row's random numbers (``sampling/noise.py``; None: the global generator).
     """
     B, P = prompt_ids.shape
     device = prompt_ids.device
@@ -332,21 +362,24 @@ def generate(
     full = lambda ids, keep: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id, keep)  # noqa: E731
     source = step_logits(cfg.cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
                          cfg.cache_refresh, keep_full=recorder is not None)
+    ended_at = torch.full((B,), P + L, dtype=torch.long, device=device)  # stop_after_eos: where a row ended
     step = 0
     for b in range(cfg.num_blocks):
         start, end = P + b * bl, P + (b + 1) * bl
-        for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, cfg.steps_per_block)):
+        live = ended_at > start  # (B,) the rows still decoding
+        for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, cfg.steps_per_block, live)):
             off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R, the block inside
             blk = logits[:, start - off:end - off]  # (B, bl, V): candidates, confidences and noise only here
-            cand, commit = denoise_step(blk, x[:, start:end] == mask_id, k, cfg, generator, gdtype)
+            cand, commit = denoise_step(blk, (x[:, start:end] == mask_id) & live[:, None], k, cfg, noise, gdtype)
             stats.add(blk, commit, cand, start)
             if recorder is not None:
                 recorder.on_step(step, x.clone(), *source.widen(x, logits, off, start, cand, commit))
             x[:, start:end] = torch.where(commit, cand, x[:, start:end])
             step += 1
-        if cfg.stop_after_eos and end < P + L and all_ended(x, P, end, eos_id, mask_id):  # type: ignore[arg-type]
-            x = fill_after(x, end, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
+        if cfg.stop_after_eos and end < P + L and mark_ended(x, P, end, eos_id, mask_id, ended_at):  # type: ignore[arg-type]
             break
+    if cfg.stop_after_eos:
+        x = fill_after(x, ended_at, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
     return stats.finish(x, x[:, P:])
 
 

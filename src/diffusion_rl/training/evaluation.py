@@ -24,18 +24,24 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
-from diffusion_rl.sampling import SamplerConfig
+from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
 from diffusion_rl.training.strategy import gathered
+
+_EVAL_SALT = 0xE7A1
 
 
 @torch.no_grad()
 def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerConfig, batch_size: int,
-                   generator: torch.Generator | None = None, desc: str | None = None,
+                   rows: list[int] | None = None, desc: str | None = None,
                    canvas: torch.Tensor | None = None) -> list[str]:
     """Completions of ``prompts``, ``batch_size`` at a time; ``canvas`` (N, L): each one's pinned tokens
-    (``Task.canvas``), or None."""
+    (``Task.canvas``), or None. ``rows``: each prompt's id, which keys its random numbers (the
+    remasking order of ``remasking=random``; greedy decoding draws none); None: its index here. A
+    completion does not depend on ``batch_size`` through them."""
+    rows = list(range(len(prompts))) if rows is None else rows
     net = bundle.net
     was_training = net.training
     net.eval()
@@ -45,7 +51,8 @@ def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerCon
     with gathered(net):  # FSDP: one all-gather for every batch below; a no-op otherwise
         for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
             ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
-            res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, generator,
+            noise = RowNoise([mix_seed(_EVAL_SALT, r) for r in rows[s : s + batch_size]])
+            res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, noise,
                                   eos_id=bundle.eos_token_id,
                                   canvas=None if canvas is None else canvas[s : s + batch_size].to(device))
             out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
@@ -71,7 +78,7 @@ def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: S
     mine = items[rank::world]
     canvas = task.canvas(mine, bundle.tokenizer, greedy.gen_length, bundle.mask_token_id) if mine else None
     texts = generate_texts(bundle, [task.prompt(it) for it in mine], greedy, batch_size,
-                           desc=desc if rank == 0 else None, canvas=canvas)
+                           rows=list(range(rank, len(items), world)), desc=desc if rank == 0 else None, canvas=canvas)
     if world > 1:  # every process's completions, back in item order
         parts: list[list[str]] = [[] for _ in range(world)]
         dist.all_gather_object(parts, texts)
@@ -105,8 +112,9 @@ class PeriodicEval(L.Callback):
     - after the last update (``after``), on the test items, as ``eval/<metric>``; its records (one per
       item) are kept in :attr:`records` for ``eval_generations.jsonl``.
 
-    Greedy decoding draws no random numbers: an evaluated run trains exactly as one that is not. A
-    resumed run keeps the ``before`` metrics and the validation history of the run it continues
+    Evaluation draws nothing from the global generator (greedy decoding draws no random numbers,
+    random remasking draws from generators keyed by item): an evaluated run trains exactly as one
+    that is not. A resumed run keeps the ``before`` metrics and the validation history of the run it continues
     (they ride in the checkpoint) and evaluates at the same steps.
     """
 

@@ -399,25 +399,27 @@ def test_trainer_configs_and_fsdp_shards_decoder_layers(tmp_path, hf_path):
         make_strategy("fsdp", {"param_dtype": "fp8"})
 
 
-def test_rollout_batch_size_splits_generation_without_changing_the_first_call(tmp_path):
-    """One call keeps the pre-existing random stream; split calls are keyed by their first global row."""
+def test_rollout_batch_size_and_processes_change_no_sample(tmp_path):
+    """Each row's noise is keyed by its global row: calls of 1, 3 or all 8 rows, and two processes of 4
+    rows each, sample the same completions (temperature 1)."""
+    from dataclasses import replace
+
     from diffusion_rl.training.module import DiffusionRLModule
 
+    ids = torch.randint(10, 20, (8, 5), generator=torch.Generator().manual_seed(0))
+
+    def gen(m, x, offset):
+        return m.rollouts._generate(m.policy, x, torch.ones_like(x), offset, 0, None)[0]
+
+    c = build(compose_cfg(["sampler.temperature=1.0"], tmp_path))
     outs = {}
-    for size in (0, 4):
-        cfg = compose_cfg([f"sampler.rollout_batch_size={size}"], tmp_path)
-        c = build(cfg)
-        m = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0)
-        ids = torch.randint(10, 20, (8, 5), generator=torch.Generator().manual_seed(0))
-
-        def gen(m, x, offset):
-            return m.rollouts._generate(m.policy, x, torch.ones_like(x), offset, 0, None)[0]
-
+    for size in (0, 1, 3):
+        sampler = replace(c.sampler, rollout_batch_size=size)
+        m = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, sampler, c.optim, 0)
         outs[size] = gen(m, ids, 0)
-        first = gen(m, ids[:4], 0)
-        second = gen(m, ids[4:], 4)  # a second process's rows
-    assert torch.equal(outs[4], torch.cat([first, second]))
-    assert not torch.equal(outs[0], outs[4])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[3])
+    assert torch.equal(outs[0], torch.cat([gen(m, ids[:4], 0), gen(m, ids[4:], 4)]))  # a second process's rows
+    assert not torch.equal(outs[0], gen(m, ids, 1))  # the global row keys the noise
 
 
 @pytest.mark.slow
@@ -430,7 +432,6 @@ def test_two_process_ddp_equals_one_process(tmp_path, objective):
         "trainer.max_steps=4",
         "task.prompts_per_batch=3",
         "task.group_size=4",
-        "sampler.rollout_batch_size=6",
         "warmstart.steps=2",
         "eval.before=false",
         "eval.after=false",

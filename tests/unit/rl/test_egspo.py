@@ -19,7 +19,7 @@ from diffusion_rl.rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
 from diffusion_rl.rl.objectives.grpo import grpo_loss
 from diffusion_rl.rl.objectives.selectors import SELECTORS, steps_up_to
 from diffusion_rl.rl.rollout import RolloutEngine
-from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 PROMPTS = ["1203=", "40", "0000000=", "12"]  # different lengths: left padding is exercised
@@ -45,7 +45,7 @@ def _rollout(bundle, prompts=PROMPTS, steps=4, record_greedy=True, seed=1):
     fwd = logits_fn(bundle.net.eval())
     rec = TrajectoryRecorder(bundle.mask_token_id, record_greedy=record_greedy)
     spy = Spy(rec)
-    out = generate(fwd, ids, mask, cfg, bundle.mask_token_id, torch.Generator().manual_seed(seed), spy)
+    out = generate(fwd, ids, mask, cfg, bundle.mask_token_id, RowNoise.rows(seed, 0, ids.shape[0]), spy)
     attn = torch.cat([mask, torch.ones_like(out.completion)], 1)
     return fwd, ids, mask, attn, out, rec, spy
 
@@ -58,7 +58,7 @@ def test_sampler_entropy_equals_the_trajectory_records(tiny_bundle):
     # a seed at which no row draws the mask token itself (which the recorder does not count as a
     # commit: test_drawn_mask_tokens_stay_masked_in_the_reconstruction)
     out = generate(logits_fn(tiny_bundle.net.eval()), ids, mask, cfg, tiny_bundle.mask_token_id,
-                   torch.Generator().manual_seed(4), rec)
+                   RowNoise.rows(4, 0, ids.shape[0]), rec)
     assert out.num_committed.tolist() == [8] * 4 and rec.counts.sum(-1).tolist() == [8] * 4
     per_row = (rec.entropies * rec.counts.float()).sum(-1)  # (B,)
     assert torch.allclose(out.entropy_sum.float(), per_row, rtol=1e-5) and bool((per_row > 0).all())
@@ -85,7 +85,7 @@ def test_drawn_mask_tokens_stay_masked_in_the_reconstruction():
     rec = TrajectoryRecorder(m)
     spy = Spy(rec)
     cfg = SamplerConfig(gen_length=8, block_length=8, steps=8, temperature=1.0)
-    out = generate(fwd, ids, None, cfg, m, torch.Generator().manual_seed(3), spy)
+    out = generate(fwd, ids, None, cfg, m, RowNoise.rows(3, 0, ids.shape[0]), spy)
     assert spy.drawn_masks > 0  # the case is exercised
     _check_against_a_new_forward(fwd, ids, None, out, rec, spy, m)
 
@@ -152,7 +152,7 @@ def test_memory_figure_in_docstring():
 
     rec = TrajectoryRecorder(mask_id)
     cfg = SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=1.0, gumbel_dtype="float32")
-    generate(fwd, torch.zeros(1, 0, dtype=torch.long), None, cfg, mask_id, g, rec)
+    generate(fwd, torch.zeros(1, 0, dtype=torch.long), None, cfg, mask_id, RowNoise.rows(0, 0, 1), rec)
     greedy_entries = sum(256 - 2 * s for s in range(128))  # still-masked positions before each step
     # V fits int16 here (2 bytes per greedy token); LLaDA's 126,464 ids need int32 (4 bytes): 69,888 B
     assert rec.nbytes() == 2 * 256 + 8 * 256 + 128 * (4 + 4 + 2) + 2 * greedy_entries

@@ -13,7 +13,7 @@ from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.models.policy import encode_prompts, logits_fn
 from diffusion_rl.rl.rollout import RolloutEngine
-from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from diffusion_rl.tasks.sudoku import SudokuConfig, SudokuTask
 from diffusion_rl.training.warmstart import masked_diffusion_loss
@@ -50,7 +50,7 @@ def test_the_sampler_never_touches_a_pinned_token(tiny_bundle, temperature):
     cfg = SamplerConfig(gen_length=16, block_length=8, steps=4, temperature=temperature)
     rec = TrajectoryRecorder(tiny_bundle.mask_token_id)
     out = generate(logits_fn(tiny_bundle.net.eval()), ids, mask, cfg, tiny_bundle.mask_token_id,
-                   torch.Generator().manual_seed(0), rec, canvas=canvas)
+                   RowNoise.rows(0, 0, ids.shape[0]), rec, canvas=canvas)
     pinned = canvas != tiny_bundle.mask_token_id
     assert torch.equal(out.completion[pinned], canvas[pinned])  # the givens, as given
     assert (out.completion[~pinned] != tiny_bundle.mask_token_id).all()  # every free cell decoded

@@ -23,7 +23,7 @@ from diffusion_rl.rl.objectives.base import StepContext
 from diffusion_rl.rl.objectives.egspo import EGSPO, EGSPOConfig
 from diffusion_rl.rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
 from diffusion_rl.rl.rollout import RolloutEngine
-from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from tests.helpers.common import compose_cfg
 from tests.unit.rl.test_egspo import TextTask  # a reward that depends on the text
@@ -89,7 +89,7 @@ def test_trajectory_select_keeps_each_samples_record(tiny_bundle):
     ids, mask = encode_prompts(tiny_bundle.tokenizer, ["1203=", "40", "0000000=", "12"])
     rec = TrajectoryRecorder(tiny_bundle.mask_token_id)
     generate(logits_fn(tiny_bundle.net.eval()), ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=4,
-             temperature=0.9), tiny_bundle.mask_token_id, torch.Generator().manual_seed(0), rec)
+             temperature=0.9), tiny_bundle.mask_token_id, RowNoise.rows(0, 0, ids.shape[0]), rec)
     rows = torch.tensor([3, 1])
     sub = rec.select(rows)
     assert torch.equal(sub.final, rec.final[rows]) and torch.equal(sub.entropies, rec.entropies[rows])
@@ -103,7 +103,7 @@ def every_field_rollout(tiny_bundle) -> Rollout:
     ids, mask = encode_prompts(tiny_bundle.tokenizer, ["1203=", "40", "0000000=", "12"])
     rec = TrajectoryRecorder(tiny_bundle.mask_token_id)
     comp = generate(logits_fn(tiny_bundle.net.eval()), ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=4),
-                    tiny_bundle.mask_token_id, torch.Generator().manual_seed(0), rec).completion
+                    tiny_bundle.mask_token_id, RowNoise.rows(0, 0, ids.shape[0]), rec).completion
     n, r = 4, torch.arange(4.0)
     return Rollout(
         rollout_id=5, group_size=2, prompt_ids=ids, prompt_mask=mask, completion_ids=comp,
@@ -212,9 +212,13 @@ def test_egspo_step_ratio_is_exactly_one_under_every_sampler_option(opts):
     valid = steps >= 0
     assert bool(valid.any())
     assert bool((traj.counts.gather(1, steps.clamp_min(0)) > 0)[valid].all())  # every selected step committed a token
-    if opts["stop_after_eos"]:
-        assert ro.metrics["rollout/filled_frac"] == pytest.approx(4 / 12)  # the last block, without a forward
-        if opts["decode"] == "fixed":
+    if opts["stop_after_eos"]:  # a row takes EOS without a forward from the end of the block of its first EOS on
+        eos = bundle.eos_token_id
+        first = (ro.completion_ids == eos).int().argmax(-1)  # (N,) every row ends
+        filled = (12 - (first // 4 + 1) * 4).clamp_min(0).float()  # (N,)
+        assert (filled > 0).all() and filled.min() < filled.max()  # rows end in different blocks
+        assert ro.metrics["rollout/filled_frac"] == pytest.approx(filled.mean().item() / 12)
+        if opts["decode"] == "fixed":  # until the last row has ended: its first two blocks
             assert ro.metrics["rollout/forwards_per_sample"] == 4
     f = logits_fn(bundle.net)
     loss, m = obj.loss(StepContext(ro, 0, 0, f, f, None))

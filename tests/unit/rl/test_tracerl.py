@@ -29,7 +29,7 @@ from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
 from diffusion_rl.rl.advantages import ZScoreAdvantage, ZScoreConfig
 from diffusion_rl.rl.objectives.base import StepContext
 from diffusion_rl.rl.objectives.tracerl import TraceRL, TraceRLConfig, tracerl_loss
-from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
 from diffusion_rl.sampling.block import block_generate
 from diffusion_rl.sampling.sampler import completion_mask
 from diffusion_rl.sampling.trajectory import FILLED, TrajectoryRecorder
@@ -321,7 +321,7 @@ def masked_rollout(bundle, shrink, G=4, steps=8, seed=3, groups=4):
     rec = TrajectoryRecorder(bundle.mask_token_id, record_greedy=False)
     cfg = SamplerConfig(gen_length=8, block_length=4, steps=steps, temperature=1.0)
     out = generate(logits_fn(bundle.net.eval()), ids, pmask, cfg, bundle.mask_token_id,
-                   torch.Generator().manual_seed(seed), rec)
+                   RowNoise.rows(seed, 0, ids.shape[0]), rec)
     return ids, pmask, out, rec
 
 
@@ -394,7 +394,7 @@ def block_rollout(bundle, G=4, seed=3):
     rec = TrajectoryRecorder(bundle.mask_token_id, record_greedy=False)
     cfg = SamplerConfig(gen_length=12, block_length=12, steps=6, temperature=1.0)
     out = block_generate(bundle.net.eval(), ids, pmask, cfg, 4, bundle.mask_token_id,
-                         torch.Generator().manual_seed(seed), rec, use_cache=True)
+                         RowNoise.rows(seed, 0, ids.shape[0]), rec, use_cache=True)
     return ids, pmask, out, rec
 
 

@@ -19,7 +19,7 @@ from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
 from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
 from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig
-from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
 from diffusion_rl.sampling.block import block_generate, check_block_sampler, policy_generate
 from tests.helpers.common import compose_cfg
 
@@ -86,7 +86,7 @@ def test_cached_block_sampler_equals_uncached_at_temperature_zero(block_bundle, 
     ids, mask, _, _ = _data(block_bundle)
     cfg = SamplerConfig(gen_length=16, block_length=BS, steps=8, temperature=0.0, remasking=remasking)
     m = block_bundle.mask_token_id
-    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    g = lambda: RowNoise.rows(3, 0, ids.shape[0])  # noqa: E731
     cached = block_generate(block_bundle.net, ids, mask, cfg, BS, m, g())
     uncached = block_generate(block_bundle.net, ids, mask, cfg, BS, m, g(), use_cache=False)
     assert torch.equal(cached.completion, uncached.completion)
@@ -101,9 +101,9 @@ def test_cached_block_sampler_equals_uncached_with_gumbel_noise(block_bundle):
     ids, mask, _, _ = _data(block_bundle)
     cfg = SamplerConfig(gen_length=16, block_length=BS, steps=16, temperature=0.9)
     m = block_bundle.mask_token_id
-    a = block_generate(block_bundle.net, ids, mask, cfg, BS, m, torch.Generator().manual_seed(1))
-    b = block_generate(block_bundle.net, ids, mask, cfg, BS, m, torch.Generator().manual_seed(1), use_cache=False)
-    c = block_generate(block_bundle.net, ids, mask, cfg, BS, m, torch.Generator().manual_seed(2))
+    a = block_generate(block_bundle.net, ids, mask, cfg, BS, m, RowNoise.rows(1, 0, ids.shape[0]))
+    b = block_generate(block_bundle.net, ids, mask, cfg, BS, m, RowNoise.rows(1, 0, ids.shape[0]), use_cache=False)
+    c = block_generate(block_bundle.net, ids, mask, cfg, BS, m, RowNoise.rows(2, 0, ids.shape[0]))
     assert torch.equal(a.completion, b.completion)
     assert not torch.equal(a.completion, c.completion)
 

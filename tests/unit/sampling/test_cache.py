@@ -9,7 +9,7 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, check_cache_support, encode_prompts, logits_fn
-from diffusion_rl.sampling import SamplerConfig, generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from tests.helpers.released_layouts import write_checkpoint
 
@@ -27,7 +27,7 @@ def _model(n_layers: int, scale: float = 6.0):
 
 def _run(b, net, cfg, seed=3, recorder=None):
     ids, mask = encode_prompts(b.tokenizer, PROMPTS)
-    return generate(logits_fn(net), ids, mask, cfg, b.mask_token_id, torch.Generator().manual_seed(seed), recorder,
+    return generate(logits_fn(net), ids, mask, cfg, b.mask_token_id, RowNoise.rows(seed, 0, ids.shape[0]), recorder,
                     net=net, eos_id=b.eos_token_id)
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from diffusion_rl.models.policy import encode_prompts, logits_fn
-from diffusion_rl.sampling import SamplerConfig, generate, num_transfer_tokens
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate, num_transfer_tokens
 from diffusion_rl.sampling.sampler import completion_mask
 
 
@@ -56,9 +56,9 @@ def test_sampling_is_seeded_and_temperature_matters(tiny_bundle):
     ids, mask = encode_prompts(b.tokenizer, ["12=", "34="])
     cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0)
     fwd = logits_fn(b.net.eval())
-    a = generate(fwd, ids, mask, cfg, b.mask_token_id, torch.Generator().manual_seed(1)).completion
-    a2 = generate(fwd, ids, mask, cfg, b.mask_token_id, torch.Generator().manual_seed(1)).completion
-    c = generate(fwd, ids, mask, cfg, b.mask_token_id, torch.Generator().manual_seed(2)).completion
+    a = generate(fwd, ids, mask, cfg, b.mask_token_id, RowNoise.rows(1, 0, 2)).completion
+    a2 = generate(fwd, ids, mask, cfg, b.mask_token_id, RowNoise.rows(1, 0, 2)).completion
+    c = generate(fwd, ids, mask, cfg, b.mask_token_id, RowNoise.rows(2, 0, 2)).completion
     assert torch.equal(a, a2)
     assert not torch.equal(a, c)  # an untrained model is close to uniform: draws differ
 
@@ -82,7 +82,7 @@ def test_schedule_commits_exactly_k_per_step(tiny_bundle):
             counts.append(committed.sum(-1).tolist())
 
     ids, mask = encode_prompts(b.tokenizer, ["1=", "22="])
-    generate(logits_fn(b.net.eval()), ids, mask, cfg, b.mask_token_id, torch.Generator().manual_seed(0), Rec())
+    generate(logits_fn(b.net.eval()), ids, mask, cfg, b.mask_token_id, RowNoise.rows(0, 0, 2), Rec())
     assert counts == [[3, 3], [2, 2], [3, 3], [2, 2]]  # 5 masked in 2 steps: 3 then 2, per block
 
 
@@ -125,7 +125,7 @@ def test_threshold_one_with_one_token_per_step_is_the_exact_sampler(tiny_bundle,
     ids, mask = encode_prompts(b.tokenizer, ["1203=", "40", "0000000000=", "12"])
     exact = SamplerConfig(gen_length=12, block_length=4, steps=12, temperature=temperature)  # 1 token per step
     fast = replace(exact, decode="threshold", threshold=1.0)
-    runs = [generate(logits_fn(net), ids, mask, c, b.mask_token_id, torch.Generator().manual_seed(5))
+    runs = [generate(logits_fn(net), ids, mask, c, b.mask_token_id, RowNoise.rows(5, 0, ids.shape[0]))
             for c in (exact, fast)]
     assert torch.equal(runs[0].completion, runs[1].completion)
     assert torch.equal(runs[0].token_logp, runs[1].token_logp)
@@ -188,7 +188,7 @@ def test_stop_after_eos_changes_nothing_when_no_row_ends(tiny_bundle):
     ids = torch.tensor([[10, 11], [12, 13]])
     fwd = _eos_forward(V, b.eos_token_id, b.mask_token_id, None)
     cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.7)
-    runs = [generate(fwd, ids, None, c, b.mask_token_id, torch.Generator().manual_seed(1), eos_id=b.eos_token_id)
+    runs = [generate(fwd, ids, None, c, b.mask_token_id, RowNoise.rows(1, 0, ids.shape[0]), eos_id=b.eos_token_id)
             for c in (cfg, replace(cfg, stop_after_eos=True))]
     assert torch.equal(runs[0].completion, runs[1].completion) and runs[1].filled == 0
     assert runs[0].forwards == runs[1].forwards == 6
