@@ -2,7 +2,10 @@
 
 For every option of every config group: it composes and validates against its dataclass; no key in
 its yaml restates the value it would have anyway; and a group's base option composes to exactly the
-dataclass built in Python with no arguments (so ``GRPOConfig()`` is what ``objective=grpo`` runs).
+dataclass built in Python with no arguments (so ``GRPOConfig()`` is what ``objective=grpo`` runs
+without the overlays). The two overlays (``conf/recipe/<objective>_<task>.yaml``: the public code's
+per-task settings; ``conf/testbed/<model>_<objective>.yaml``: the embedded model's) are checked apart:
+each names an objective, task or model that exists, sets only keys that exist, and changes every one.
 """
 
 import dataclasses
@@ -36,8 +39,11 @@ def parent(group: str, option: str) -> str | None:
     return None
 
 
+NO_OVERLAYS = ["~recipe", "~testbed"]
+
+
 def composed(tmp_path, group: str, option: str) -> dict:
-    cfg = compose_cfg([f"{group}={option}"], tmp_path, tiny=False)
+    cfg = compose_cfg([f"{group}={option}", *NO_OVERLAYS], tmp_path, tiny=False)
     return OmegaConf.to_container(cfg[group], resolve=True)
 
 
@@ -94,3 +100,43 @@ def test_a_yaml_that_restated_a_default_would_be_caught():
     inherited = defaults_of(schema("model", "tiny"))
     own = {"d_model": 128, "block_size": 4, "lora_targets": list(inherited["lora_targets"]), "seed": "${seed}"}
     assert restated(own, inherited) == ["d_model", "lora_targets"]
+
+
+# ---- the overlays ------------------------------------------------------------------------------------
+OVERLAYS = [(g, p.stem) for g in ("recipe", "testbed") for p in sorted((CONF / g).glob("*.yaml"))]
+
+
+def overlay_choices(group: str, option: str) -> list[str]:
+    """The command-line choices that select ``conf/<group>/<option>.yaml``: objective and task (recipe),
+    model and objective (testbed); the name splits where both halves are options of their groups."""
+    first, second = ("objective", "task") if group == "recipe" else ("model", "objective")
+    splits = [(option[:i], option[i + 1:]) for i, ch in enumerate(option) if ch == "_"]
+    hits = [(a, b) for a, b in splits if (CONF / first / f"{a}.yaml").exists() and (CONF / second / f"{b}.yaml").exists()]
+    assert len(hits) == 1, f"conf/{group}/{option}.yaml names no {first}_{second} pair (or several: {hits})"
+    return [f"{first}={hits[0][0]}", f"{second}={hits[0][1]}"]
+
+
+def leaves(node, prefix: str = "") -> dict:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    return {k: v for key, sub in node.items() if key != "defaults" for k, v in leaves(sub, f"{prefix}{key}.").items()}
+
+
+def test_every_overlay_is_checked():
+    assert {g for g, _ in OVERLAYS} == {"recipe", "testbed"}
+
+
+@pytest.mark.parametrize("group,option", OVERLAYS)
+def test_overlay_changes_what_it_sets_and_builds(tmp_path, group, option):
+    from diffusion_rl.app.train import build
+
+    choices = overlay_choices(group, option)
+    without = OmegaConf.to_container(compose_cfg([*choices, f"~{group}"], tmp_path, tiny=False), resolve=True)
+    with_it = compose_cfg(choices, tmp_path, tiny=False)
+    build(with_it)  # every value validates
+    flat_without = {k.rstrip("."): v for k, v in leaves(without).items()}
+    for key, value in leaves(raw(group, option)).items():
+        key = key.rstrip(".")
+        assert key in flat_without, f"conf/{group}/{option}.yaml sets {key}, which the config does not have"
+        assert OmegaConf.select(with_it, key) == value, f"{key}: the overlay's value does not reach the config"
+        assert flat_without[key] != value, f"conf/{group}/{option}.yaml restates {key}={value}: delete it"

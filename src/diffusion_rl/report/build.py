@@ -34,6 +34,7 @@ from pathlib import Path
 
 from diffusion_rl.report.groups import (
     bootstrap_table,
+    seed_table,
     group_runs,
     grouped_table,
     has_seeds,
@@ -213,7 +214,7 @@ def build_report(root: str | Path, out_dir: str | Path | None = None) -> tuple[P
              "running median.", ""]
     if seeds:
         lines += [f"{len(groups)} conditions, mean ± sd over their seeds (test split; gain = after - before):", "",
-                  grouped_table(groups), "", bootstrap_table(groups), "", "Every run:", ""]
+                  grouped_table(groups), "", seed_table(groups), "", bootstrap_table(groups), "", "Every run:", ""]
     lines += [markdown_table(runs), ""]
     cost = cost_table(runs)
     if cost is not None:

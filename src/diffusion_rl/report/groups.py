@@ -1,12 +1,18 @@
 """Seeds aggregated: the conditions of a multirun (its runs' overrides but ``seed``), their mean and
-spread per optimizer step, a table of mean +- sd over seeds, and paired bootstrap confidence
-intervals of each condition's test accuracy against a reference condition (``report.py`` uses this
-whenever a condition has more than one seed).
+spread per optimizer step, a table of mean +- sd over seeds, and paired confidence intervals of each
+condition against a reference condition (``report.py`` uses this whenever a condition has more than
+one seed).
 
-The bootstrap pairs runs by seed and test items by position (a seed's runs answer the same test
-items in the same order), resamples the items of each seed with replacement, and reports the 2.5 and
-97.5 percentiles of the mean per-item difference ("paired": the item-to-item variation that both
-conditions share cancels).
+Two intervals, both pairing runs by their RL seed (runs that differ only in ``seed`` share the warm
+start and the test items, ``conf/config.yaml``):
+
+- over seeds (:func:`seed_table`): each seed's difference of test accuracy after RL (condition minus
+  reference), and each condition's gain over its warm start, with 95% Student-t intervals over the
+  seeds. The RL seed is the unit of replication, so this interval carries the run-to-run noise of RL;
+  it is the one a claim rests on;
+- over test items (:func:`bootstrap_table`): the items of each seed resampled with replacement, the
+  2.5 and 97.5 percentiles of the mean per-item difference. It holds the seeds fixed, so it says how
+  sure the test set is of these particular runs, not how another seed would come out.
 """
 
 from __future__ import annotations
@@ -162,6 +168,54 @@ def paired_bootstrap(a: list[RunData], b: list[RunData], scores: Callable[[RunDa
         boots.append(total / count)
     boots.sort()
     return mean, boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1], len(diffs)
+
+
+# two-sided 95% quantiles of Student's t by degrees of freedom (1-30); beyond, the normal's 1.96
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float] | None:
+    """Mean and 95% Student-t interval of ``values`` (the seeds); None with fewer than two."""
+    values = [v for v in values if not math.isnan(v)]
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    half = (T975[len(values) - 2] if len(values) - 1 <= len(T975) else 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def verdict(interval: tuple[float, float, float], what: str = "0") -> str:
+    """``above`` / ``below`` when the interval excludes 0, else ``cannot tell``."""
+    _, lo, hi = interval
+    return f"above {what}" if lo > 0 else f"below {what}" if hi < 0 else "cannot tell"
+
+
+def seed_values(runs: list[RunData], value: Callable[[dict], float]) -> dict[str, float]:
+    return {run_seed(r): value(r.stats) for r in runs if not r.failed and r.stats.get("acc_after") is not None}
+
+
+def seed_table(groups: dict[str, list[RunData]], reference: str | None = None, points: float = 100.0) -> str:
+    """Each condition's gain over its warm start and its difference from the reference condition (the
+    first by default) after RL, per seed, as mean and 95% t-interval over the seeds, in points."""
+    names = list(groups)
+    ref = reference if reference in groups else names[0]
+    fmt_i = lambda iv: "-" if iv is None else f"{iv[0] * points:+.1f} [{iv[1] * points:+.1f}, {iv[2] * points:+.1f}]"  # noqa: E731
+    lines = [f"Over RL seeds (the runs of a seed share the warm start and the test items), test accuracy in "
+             f"points, mean and 95% t-interval over the seeds; the difference is each condition minus `{ref}`, "
+             "seed by seed:", "",
+             "| condition | seeds | gain over the warm start | | difference from the reference | |",
+             "|---|---|---|---|---|---|"]
+    ref_after = seed_values(groups[ref], lambda s: s["acc_after"])
+    for name in names:
+        gains = seed_values(groups[name], lambda s: s["acc_after"] - s["acc_before"])
+        after = seed_values(groups[name], lambda s: s["acc_after"])
+        gain = t_interval(list(gains.values()))
+        diff = None if name == ref else t_interval([after[s] - ref_after[s] for s in sorted(set(after) & set(ref_after))])
+        lines.append(f"| {name} | {len(gains)} | {fmt_i(gain)} | {'-' if gain is None else verdict(gain)} | "
+                     f"{'reference' if name == ref else fmt_i(diff)} | "
+                     f"{'' if name == ref or diff is None else verdict(diff, ref)} |")
+    return "\n".join(lines)
 
 
 def bootstrap_table(groups: dict[str, list[RunData]], reference: str | None = None) -> str:

@@ -177,7 +177,9 @@ class StepwiseConfig(AdvantageConfig):
     name: str = "stepwise"
     lam: float = 0.5  # weight of the greedy-completion value baseline (the EGSPO-SA paper's 0.5)
     normalize_returns: bool = True  # divide R_k by (1 + lam)
-    std_scale: bool = True  # divide each slot's centred returns by their group std + eps
+    # divide each slot's centred returns by their group std + eps; the public EGSPO-SA code does not
+    # (its advantages are the returns minus the group mean)
+    std_scale: bool = False
 
     def validate(self) -> None:
         super().validate()

@@ -69,6 +69,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = 1.0  # max total norm; 0 = no clipping (the norm is still logged)
     warmup_steps: int = 0
+    # linear decay of the learning rate to 0 over this many optimizer steps (StableDRL's linear_decay,
+    # 2000 steps); 0 = constant after the warm-up
+    decay_steps: int = 0
     max_consecutive_skips: int = 50  # stop with an error instead of looping on a broken run
 
     def validate(self) -> None:
@@ -80,6 +83,14 @@ class OptimConfig:
             raise ConfigError("optim.weight_decay", self.weight_decay, "must be >= 0")
         if self.warmup_steps < 0:
             raise ConfigError("optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        if self.decay_steps < 0:
+            raise ConfigError("optim.decay_steps", self.decay_steps, "must be >= 0 (0 = no decay)")
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate at optimizer step ``step`` (from 0) over ``lr``: the linear warm-up, then
+        the linear decay to 0 at ``decay_steps`` when set."""
+        warm = min(1.0, (step + 1) / (self.warmup_steps + 1)) if self.warmup_steps else 1.0
+        return warm * (max(0.0, 1.0 - step / self.decay_steps) if self.decay_steps else 1.0)
 
 
 class DiffusionRLModule(L.LightningModule):
@@ -145,8 +156,7 @@ class DiffusionRLModule(L.LightningModule):
     def configure_optimizers(self):
         c = self.optim_cfg
         opt = torch.optim.AdamW(self.trainable_parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
-        warm = max(c.warmup_steps, 0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warm + 1)) if warm else 1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, c.lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -2,6 +2,8 @@
 
 import csv
 import json
+import math
+import statistics
 import subprocess
 import sys
 
@@ -235,6 +237,29 @@ def test_seeds_are_aggregated_with_mean_sd_bands_and_paired_bootstrap(seeded, mo
     assert len(grad.collections) == 2  # one band per condition
     for fig in figures.values():
         real_close(fig)
+
+
+def test_t_interval_hand_computed_and_the_verdict_follows_it():
+    from diffusion_rl.report.groups import t_interval, verdict
+
+    mean, lo, hi = t_interval([1.0, 2.0, 3.0])  # sd 1, n 3: half-width t(2) / sqrt(3) = 4.303 / 1.732
+    assert mean == 2.0 and hi - mean == pytest.approx(4.303 / math.sqrt(3), rel=1e-4) and mean - lo == hi - mean
+    assert t_interval([1.0]) is None
+    assert verdict((0.5, 0.1, 0.9)) == "above 0" and verdict((-0.5, -0.9, -0.1)) == "below 0"
+    assert verdict((0.5, -0.1, 1.1)) == "cannot tell"
+
+
+def test_seed_table_pairs_runs_by_seed(seeded):
+    _, runs = build_report(seeded)
+    from diffusion_rl.report.groups import group_runs, seed_table
+
+    table = seed_table(group_runs(runs))
+    row_b = next(line for line in table.splitlines() if line.startswith("| ablation=b |"))
+    # b - a after RL: seed 0 0.375 - 0.75, seed 1 0.625 - 0.875: mean -31.25 points, sd 8.84
+    half = 12.706 * statistics.stdev([-37.5, -25.0]) / math.sqrt(2)
+    assert f"{-31.25:+.1f} [{-31.25 - half:+.1f}, {-31.25 + half:+.1f}]" in row_b and "cannot tell" in row_b
+    row_a = next(line for line in table.splitlines() if line.startswith("| ablation=a |"))
+    assert "reference" in row_a and "+31.2 [" in row_a  # gains over the warm start of 0.5: 25 and 37.5 points
 
 
 def test_a_recorded_experiment_opens_with_its_intro_and_regenerates_it(multirun):

@@ -38,7 +38,7 @@ def test_leave_one_out_is_reward_minus_the_others_mean():
         assert a[j].item() == pytest.approx(R[j].item() - sum(others) / 3)
 
 
-def test_stepwise_hand_computed_and_lam_zero_is_group_std():
+def test_stepwise_hand_computed_and_lam_zero_is_group():
     rewards = torch.tensor([1.0, 0.0])  # one group of G = 2
     values = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # (N, K = 2)
     R = stepwise_returns(rewards, values, lam=0.5, normalize=False)
@@ -47,9 +47,11 @@ def test_stepwise_hand_computed_and_lam_zero_is_group_std():
     adv, m = estimator("stepwise", lam=0.5, normalize_returns=False, std_scale=False)(rewards, 2, values)
     assert torch.allclose(adv, torch.tensor([[1.0, 0.5], [-1.0, -0.5]]))  # R minus the slot's group mean
     assert m["egspo_sa/value_mean"] == pytest.approx(0.5)
-    same, _ = estimator("stepwise", lam=0.0)(rewards, 2, values)
-    plain, _ = estimator("group_std")(rewards, 2)
+    same, _ = estimator("stepwise", lam=0.0)(rewards, 2, values)  # the public code: no std
+    plain, _ = estimator("group")(rewards, 2)
     assert torch.allclose(same, plain[:, None].expand(2, 2))
+    scaled, _ = estimator("stepwise", lam=0.0, std_scale=True)(rewards, 2, values)
+    assert torch.allclose(scaled, estimator("group_std")(rewards, 2)[0][:, None].expand(2, 2))
 
 
 def test_stepwise_metrics_ignore_unused_slots_and_need_values():

@@ -55,12 +55,12 @@ def test_tis_scales_each_units_advantage_in_the_shared_template(tiny_bundle):
     -mean_b(sum_t A_b w_bt m_bt / sum_t m_bt) with w = min(pi_old / q, cap) per token."""
     ro = make_rollout(tiny_bundle)
     lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
-    plain = GRPO(GRPOConfig(beta=0.0), lik)
+    plain = GRPO(GRPOConfig(beta=0.0, agg="seq-mean-token-mean"), lik)
     old = plain.behaviour(_ctx(tiny_bundle, ro))  # (n, L) the estimator at theta_old
     shift = torch.linspace(-1.0, 1.5, old.numel()).view_as(old)
     ro.sampler_logp = old + shift  # a sampler that is off by a known amount per token
     loss_none, m_none = plain.loss(_ctx(tiny_bundle, ro))
-    tis = GRPO(GRPOConfig(beta=0.0, behaviour_correction="tis", tis_cap=2.0), lik)
+    tis = GRPO(GRPOConfig(beta=0.0, agg="seq-mean-token-mean", behaviour_correction="tis", tis_cap=2.0), lik)
     loss_tis, m_tis = tis.loss(_ctx(tiny_bundle, ro))
     mask, adv = ro.completion_mask, ro.advantages[:, None]
     w = torch.exp(-shift).clamp(max=2.0)
@@ -79,7 +79,8 @@ def test_tis_in_stabledrl_weights_each_sequence(tiny_bundle):
     -mean_groups sum_j (1/G) A_j t_j ELBO_j with the TIS weight t_j of sequence j."""
     ro = make_rollout(tiny_bundle)
     est = ELBOEstimator(ELBOConfig(), tiny_bundle.mask_token_id)
-    obj = StableDRL(StableDRLConfig(beta=0.0, behaviour_correction="tis", tis_cap=1.5), est)
+    obj = StableDRL(StableDRLConfig(beta=0.0, share_masks_with_old=True, surrogate="elbo", behaviour_correction="tis",
+                                    tis_cap=1.5), est)
     ctx = _ctx(tiny_bundle, ro)
     elbo = obj.behaviour(ctx)[:, 0]  # (n,)
     shift = torch.tensor([0.5, -0.2, -2.0, 0.0, 1.0, -0.1, 0.3, -0.5])

@@ -255,7 +255,8 @@ def test_step_loss_ignores_unused_slots():
     adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
     valid = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     loss, m = _step_loss(logp, torch.zeros(2, 2), adv, valid)
-    assert loss.item() == pytest.approx((-1.0 - 2 * math.exp(0.3)) / 2)  # the unused slot is ignored
+    assert loss.item() == pytest.approx((-1.0 - 1.0 - 2 * math.exp(0.3)) / 3)  # the unused slot is ignored
+    assert EGSPOConfig().agg == "token-mean"  # the mean over the (sample, step) units of the update
     assert m["ratio/log_max"].item() == pytest.approx(0.3)
     allmasked, _ = _step_loss(logp, logp, adv, torch.zeros(2, 2))
     assert torch.isfinite(allmasked)
@@ -334,8 +335,8 @@ def _grads(bundle, obj, ro, mu):
 
 def test_sa_with_lam_zero_equals_egspo_and_values_are_greedy_rewards(tiny_bundle):
     lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
-    egspo = EGSPO(EGSPOConfig(K=4, mu=2), lik)
-    sa = EGSPOSA(EGSPOSAConfig(K=4, mu=2), lik)
+    egspo = EGSPO(EGSPOConfig(K=4, mu=2, old_logp="recompute"), lik)  # ratio exactly 1 at theta_old
+    sa = EGSPOSA(EGSPOSAConfig(K=4, mu=2, old_logp="recompute"), lik)
     ro = _rollout_of(tiny_bundle, egspo, "group")
     ro0 = _rollout_of(tiny_bundle, sa, "stepwise", lam=0.0, std_scale=False)
     ro5 = _rollout_of(tiny_bundle, sa, "stepwise", lam=0.5)

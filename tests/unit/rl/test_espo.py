@@ -142,7 +142,7 @@ def test_loss_matches_the_transcription_on_random_tensors():
     cfg = ESPOConfig()
     obj = ESPO(cfg, StratifiedEstimator(StratifiedConfig(), MASK))
     pg, m = espo_loss(terms, old, adv[:, None], mask, cfg, group_size=3)
-    ours = pg + cfg.beta * obj.kl_term(Scores(terms, mask), Scores(ref, mask), lambda x: x)
+    ours = pg + cfg.beta * obj.kl_term(Scores(terms, mask), Scores(ref, mask), lambda x: x, 3)
     expected = ref_compute_loss(terms.sum(-1), old.sum(-1), ref.sum(-1), adv, L, cfg.beta, cfg.eps, cfg.eps_high)
     assert ours.item() == pytest.approx(expected.item(), abs=1e-6)
     assert m["ratio/clip_frac_low"] + m["ratio/clip_frac_high"] > 0  # the clip was exercised

@@ -205,7 +205,8 @@ OPTIONS = [dict(decode=d, cache=c, stop_after_eos=s, threshold=0.3)
 def test_egspo_step_ratio_is_exactly_one_under_every_sampler_option(opts):
     bundle = _bundle(ends_early=opts["stop_after_eos"])
     lik = OneStepEstimator(LikelihoodConfig(), bundle.mask_token_id)
-    obj = EGSPOSA(EGSPOSAConfig(K=4, mu=1), lik) if opts["cache"] == "prefix" else EGSPO(EGSPOConfig(K=4, mu=1), lik)
+    kw = dict(K=4, mu=1, old_logp="recompute")  # the old policy replays each step: exactly the policy's
+    obj = EGSPOSA(EGSPOSAConfig(**kw), lik) if opts["cache"] == "prefix" else EGSPO(EGSPOConfig(**kw), lik)
     ro = _rollout(bundle, obj, "stepwise" if opts["cache"] == "prefix" else "group", **opts)
     traj, steps = ro.trajectory, ro.selected_steps
     assert torch.equal(traj.final[:, -12:], ro.completion_ids)
@@ -237,7 +238,7 @@ def test_a_stale_cache_shows_as_mismatch_and_tis_corrects_it():
     f = logits_fn(bundle.net)
     out = {}
     for cache in ("none", "dual"):
-        obj = EGSPO(EGSPOConfig(K=4, mu=1, behaviour_correction="tis"), lik)
+        obj = EGSPO(EGSPOConfig(K=4, mu=1, old_logp="recompute", behaviour_correction="tis"), lik)
         ro = _rollout(bundle, obj, cache=cache)
         out[cache] = obj.loss(StepContext(ro, 0, 0, f, f, None))[1]
     assert abs(out["none"]["rollout/mismatch_log_ratio"].item()) < 1e-4

@@ -52,6 +52,12 @@ def make_rollout(bundle, G=4, groups=2, L=10, seed=0):
     return rollout_of(prompt, pmask, comp, cmask, rewards, adv.reshape(-1), G)
 
 
+def shared(**kw) -> StableDRLConfig:
+    """StableDRL on the masks of the old policy with the ELBO as the surrogate: the regime the unit tests
+    below check by hand (the defaults are the public code's: fresh masks, SPG's bound)."""
+    return StableDRLConfig(share_masks_with_old=True, surrogate="elbo", **kw)
+
+
 def sdrl_loss(elbo, old, adv, G, eps, clip="paper", normalize="self"):
     """stabledrl_loss on per-sequence tensors (B,), as one unit per sequence (B, 1)."""
     cfg = StableDRLConfig(eps=eps, clip=clip, normalize=normalize)
@@ -189,6 +195,30 @@ def test_clip_bounds_hand_computed():
     assert lo == pytest.approx(math.log(0.8)) and hi == pytest.approx(math.log(1.2))
     assert clip_bounds(5.0, "cap") == (-math.inf, math.log(5.0))
     assert clip_bounds(5.0, "none") == (-math.inf, math.inf)
+    assert clip_bounds(5.0, "ppo") == clip_bounds(5.0, "cap")
+
+
+def test_ppo_clip_is_grpo_on_sequence_ratios():
+    """clip=ppo with normalize=group_size: the loss value and gradient of GRPO's -min(rho A, clip(rho) A)
+    on sequence ratios with the same upper bound (eps = 5: rho clipped above 5; GRPO's lower bound set
+    out of reach), the same surrogate, 1/G per group."""
+    from diffusion_rl.rl.objectives.grpo import GRPOConfig, grpo_loss
+
+    g = torch.Generator().manual_seed(0)
+    elbo = (torch.randn(8, generator=g) - 2).requires_grad_(True)
+    old = elbo.detach() - torch.tensor([2.5, -0.3, 1.0, 0.2, 1.8, -1.2, 0.0, 3.0])  # some ratios beyond 5
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.2, 0.3])
+    ours, m = sdrl_loss(elbo, old, adv, 4, 5.0, "ppo", "group_size")
+    (g_ours,) = torch.autograd.grad(ours, elbo)
+    x = elbo.detach().clone().requires_grad_(True)
+    theirs, _ = grpo_loss(x[:, None], old[:, None], adv[:, None], torch.ones(8, 1),
+                          GRPOConfig(eps=1 - 1e-9, eps_high=4.0, agg="seq-mean-token-mean"), group_size=4)
+    (g_theirs,) = torch.autograd.grad(theirs, x)
+    # the same gradient; the values differ by the clipped samples' constant term only
+    assert torch.allclose(g_ours, g_theirs, atol=1e-6)
+    clipped = ((elbo.detach() - old).exp() > 5) & (adv > 0)
+    assert clipped.any() and torch.all(g_ours[clipped] == 0)
+    assert m["ratio/clip_frac_high"].item() == pytest.approx(clipped.float().mean().item())
 
 
 def test_paper_and_cap_weights_hand_computed():
@@ -308,16 +338,16 @@ def test_kl_anchor_adds_beta_times_masked_token_kl(tiny_bundle):
     net = tiny_bundle.net
     old = copy.deepcopy(net).requires_grad_(False).eval()
     est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
-    plain, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    plain, _ = StableDRL(shared(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
     # reference = the policy itself: KL exactly 0, loss unchanged
-    anchored, m = StableDRL(StableDRLConfig(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=old))
+    anchored, m = StableDRL(shared(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=old))
     assert m["train/kl"].item() == 0.0 and anchored.item() == pytest.approx(plain.item(), abs=1e-7)
     # a different reference: the added term is beta * the per-token k3 of the same masks
     ref = copy.deepcopy(net).requires_grad_(False).eval()
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    anchored, m = StableDRL(StableDRLConfig(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=ref))
+    anchored, m = StableDRL(shared(beta=0.5), est).loss(_ctx(tiny_bundle, net, old, ro, ref_net=ref))
     data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
     from diffusion_rl.likelihood.base import mask_seeds
 
@@ -336,7 +366,7 @@ def test_theta_equals_old_with_shared_masks_gives_zero_ratio_and_uniform_weights
     net = tiny_bundle.net
     old = copy.deepcopy(net).requires_grad_(False).eval()
     est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="inverse_t", t_min=1e-3), tiny_bundle.mask_token_id)
-    obj = StableDRL(StableDRLConfig(beta=0.0), est)
+    obj = StableDRL(shared(beta=0.0), est)
     for it in range(2):
         loss, m = obj.loss(_ctx(tiny_bundle, net, old, ro, it))
         assert m["ratio/log_min"].item() == 0.0 and m["ratio/log_max"].item() == 0.0
@@ -346,7 +376,7 @@ def test_theta_equals_old_with_shared_masks_gives_zero_ratio_and_uniform_weights
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
         net.zero_grad()
     # independent masks (the public code's regime): nonzero log-ratio at theta = theta_old
-    obj = StableDRL(StableDRLConfig(share_masks_with_old=False, beta=0.0), est)
+    obj = StableDRL(StableDRLConfig(surrogate="elbo", beta=0.0), est)
     _, m = obj.loss(_ctx(tiny_bundle, net, old, ro))
     assert m["ratio/log_std"].item() > 0 and m["ratio/log_max"].item() > m["ratio/log_min"].item()
 
@@ -356,13 +386,13 @@ def test_spg_mix_surrogate_changes_only_nonpositive_advantages(tiny_bundle):
     net = tiny_bundle.net
     old = copy.deepcopy(net).requires_grad_(False).eval()
     est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
-    loss_e, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
-    loss_m, m = StableDRL(StableDRLConfig(surrogate="spg_mix", beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_e, _ = StableDRL(shared(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_m, m = StableDRL(StableDRLConfig(share_masks_with_old=True, beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
     assert torch.isfinite(loss_m) and loss_m.item() != pytest.approx(loss_e.item())
     assert m["ratio/log_max"].item() == 0.0  # weights still come from the ELBO ratio
     ro.advantages = ro.advantages.abs() + 0.1  # every A > 0: both surrogates are the ELBO
-    loss_e, _ = StableDRL(StableDRLConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
-    loss_m, _ = StableDRL(StableDRLConfig(surrogate="spg_mix", beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_e, _ = StableDRL(shared(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
+    loss_m, _ = StableDRL(StableDRLConfig(share_masks_with_old=True, beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
     assert loss_m.item() == pytest.approx(loss_e.item(), rel=1e-6)
 
 
@@ -385,13 +415,20 @@ def test_grpo_on_elbo_sequence_ratios(tmp_path, tiny_bundle):
 # ---------------------------------------------------------------- configs
 
 
-def test_stabledrl_config_selects_elbo_and_command_line_wins(tmp_path):
+def test_stabledrl_config_is_the_public_codes_regime_and_command_line_wins(tmp_path):
     from diffusion_rl.app.train import build
+    from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
 
-    cfg = compose_cfg(["objective=stabledrl"], tmp_path)
-    assert cfg.likelihood.name == "elbo" and cfg.objective.eps == 5.0
+    cfg = compose_cfg(["objective=stabledrl", "~testbed"], tmp_path)
+    assert cfg.likelihood.name == "spg_blocks" and cfg.advantage.name == "group"
+    o = cfg.objective
+    assert (o.eps, o.clip, o.normalize, o.surrogate, o.mu, o.beta, o.share_masks_with_old) == \
+        (5.0, "cap", "self", "spg_mix", 2, 0.0, False)
+    assert (cfg.optim.lr, cfg.optim.grad_clip, cfg.optim.weight_decay, cfg.optim.decay_steps) == (1e-6, 0.2, 0.1, 2000)
     c = build(cfg)
-    assert isinstance(c.objective, StableDRL) and isinstance(c.objective.likelihood, ELBOEstimator)
+    assert isinstance(c.objective, StableDRL) and isinstance(c.objective.likelihood, SPGBlocksEstimator)
+    assert isinstance(build(compose_cfg(["objective=stabledrl", "likelihood=elbo"], tmp_path)).objective.likelihood,
+                      ELBOEstimator)
     cfg = compose_cfg(["objective=stabledrl", "likelihood=one_step"], tmp_path)
     assert cfg.likelihood.name == "one_step"
     with pytest.raises(ConfigError, match="likelihood.name"):
@@ -404,10 +441,13 @@ def test_stabledrl_config_errors_name_the_key(tmp_path):
 
     for overrides, key in ((["objective.eps=-1"], "objective.eps"), (["objective.clip=soft"], "objective.clip"),
                            (["objective.normalize=batch"], "objective.normalize"),
-                           (["objective.surrogate=spg_mix", "likelihood.weighting=inverse_t"], "likelihood.weighting")):
+                           (["likelihood=elbo", "likelihood.weighting=inverse_t"], "likelihood.weighting"),
+                           (["model=tiny_block", "likelihood=staircase"], "objective.surrogate")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             build(compose_cfg(["objective=stabledrl", *overrides], tmp_path))
-    build(compose_cfg(["objective=stabledrl", "objective.surrogate=spg_mix"], tmp_path))  # the default weighting fits
+    build(compose_cfg(["objective=stabledrl", "likelihood=elbo"], tmp_path))  # the ELBO's default weighting fits spg_mix
+    build(compose_cfg(["objective=stabledrl", "model=tiny_block", "likelihood=staircase", "objective.surrogate=elbo"],
+                      tmp_path))
 
 
 def test_grpo_on_elbo_can_draw_fresh_masks(tmp_path, tiny_bundle):

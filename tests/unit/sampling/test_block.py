@@ -244,7 +244,8 @@ def test_staircase_plugs_into_objectives(block_bundle, objective):
 
     ids, mask, comp, cmask = _data(block_bundle)
     est = _est(block_bundle)
-    obj = StableDRL(StableDRLConfig(), est) if objective == "stabledrl" else GRPO(GRPOConfig(), est)
+    obj = (StableDRL(StableDRLConfig(share_masks_with_old=True, surrogate="elbo"), est) if objective == "stabledrl"
+           else GRPO(GRPOConfig(), est))
     ro = rollout_of(ids, mask, comp, cmask, torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0.5, -0.5, 0.0]), 3, 0)
     fwd = logits_fn(block_bundle.net)
     loss, metrics = obj.loss(StepContext(ro, 0, 0, fwd, fwd, None))
@@ -255,7 +256,8 @@ def test_staircase_plugs_into_objectives(block_bundle, objective):
 
 
 def test_block_model_stabledrl_staircase_end_to_end(tmp_path):
-    cfg = compose_cfg(["model=tiny_block", "objective=stabledrl", "likelihood=staircase", "objective.mu=2"], tmp_path)
+    cfg = compose_cfg(["model=tiny_block", "objective=stabledrl", "likelihood=staircase", "objective.surrogate=elbo",
+                       "objective.mu=2"], tmp_path)
     summary = train(cfg, tmp_path / "run")
     assert summary["optimizer_steps"] == 4 and summary["rollouts"] == 2
     s = json.load(open(tmp_path / "run" / "summary.json"))

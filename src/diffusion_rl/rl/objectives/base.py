@@ -54,7 +54,7 @@ from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
 
 Forward = Callable[..., torch.Tensor]  # (ids, attention_mask[, position_ids]) -> logits (B, T, V)
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "group-token-mean")
 _FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share_masks_with_old=false)
 
 
@@ -135,13 +135,21 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
 
 
-def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str = "seq-mean-token-mean") -> torch.Tensor:
+def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str = "seq-mean-token-mean",
+             group_size: int = 0) -> torch.Tensor:
     """Reduce per-unit values ``(B, ..., U)`` to a scalar.
 
     ``token-mean``: mean over every unit that counts; ``seq-mean-token-mean``: mean over each row's
-    units (the last dimension), then over rows (d1, GRPO's ``1/|o|``); ``seq-mean-token-sum``: sum
-    over each row's units, mean over rows. Units outside ``mask`` never count, whatever they hold.
+    units (the last dimension), then over rows (GRPO's ``1/|o|``); ``seq-mean-token-sum``: sum over
+    each row's units, mean over rows; ``group-token-mean``: mean over every unit of a prompt's group of
+    ``group_size`` rows, then over groups (d1's token mean over a micro-batch of one group). Units
+    outside ``mask`` never count, whatever they hold.
     """
+    if mode == "group-token-mean":
+        if group_size < 1 or values.shape[0] % group_size:
+            raise ValueError(f"group-token-mean needs rows in whole groups, got {values.shape[0]} rows, group {group_size}")
+        groups = values.shape[0] // group_size
+        return agg_loss(values.reshape(groups, -1), mask.reshape(groups, -1), "seq-mean-token-mean")
     m = mask.to(values.dtype)
     v = torch.where(mask.bool(), values, torch.zeros_like(values))
     if mode == "token-mean":
@@ -185,7 +193,7 @@ class Objective(ABC):
     # advantage estimators (rl/advantages.py) whose output this objective can use
     advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL)
-    kl_agg: ClassVar[str] = "seq-mean-token-mean"  # how the KL units reduce to the penalty
+    kl_agg: str = "seq-mean-token-mean"  # how the KL units reduce to the penalty (agg_loss's modes)
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):
         cfg.validate()
@@ -221,11 +229,20 @@ class Objective(ABC):
 
     def mask_seeds(self, ctx: StepContext, role: str) -> list[int]:
         """Mask seeds of this inner iteration for ``role``: the old policy's, or the new (and the
-        reference) policy's, which are the old one's unless ``share_masks_with_old`` is false."""
+        reference) policy's, which are the old one's unless ``share_masks_with_old`` is false. Then the
+        new policy draws fresh masks every inner iteration and the old one is scored once per rollout,
+        on the first iteration's masks (:meth:`old_key`), as StableDRL's public code takes its old ELBO
+        at rollout time."""
         ro = ctx.rollout
         fresh = role != "old" and not self.cfg.share_masks_with_old
+        it = self.old_key(ctx.inner_iter) if role == "old" else ctx.inner_iter
         return mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0],
-                          ctx.inner_iter + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
+                          it + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
+
+    def old_key(self, inner_iter: int) -> int:
+        """The inner iteration whose old values serve ``inner_iter``: its own when the old policy shares
+        the new one's masks, the first otherwise (one old forward per rollout)."""
+        return inner_iter if self.cfg.share_masks_with_old else 0
 
     def needs_old_values(self) -> bool:
         """Whether each inner update scores the behaviour policy (:meth:`old_values`). True wherever the
@@ -249,11 +266,13 @@ class Objective(ABC):
         return self.cfg.share_masks_with_old
 
     def behaviour(self, ctx: StepContext) -> torch.Tensor:
-        """:meth:`old_values` for this inner update: precomputed at rollout time, or computed now."""
-        if ctx.inner_iter in ctx.old_values:
-            return ctx.old_values[ctx.inner_iter]
-        with torch.no_grad():
-            return self.old_values(ctx)
+        """:meth:`old_values` for this inner update: precomputed at rollout time, or computed now (and
+        kept for the later updates they serve, :meth:`old_key`)."""
+        key = self.old_key(ctx.inner_iter)
+        if key not in ctx.old_values:
+            with torch.no_grad():
+                ctx.old_values[key] = self.old_values(ctx)
+        return ctx.old_values[key]
 
     def precompute_old(self, ctx: StepContext, num_iters: int) -> None:
         """Fill ``ctx.old_values`` for inner iterations ``0 .. num_iters - 1`` (``ctx.old_policy`` must
@@ -264,8 +283,9 @@ class Objective(ABC):
             for it in range(num_iters):
                 if it == 0 and ctx.policy_is_old and self.scores_old_like_policy():
                     continue  # the first update takes them from the policy's own forward
-                ctx.inner_iter = it
-                ctx.old_values[it] = self.old_values(ctx)
+                if self.old_key(it) not in ctx.old_values:
+                    ctx.inner_iter = it
+                    ctx.old_values[self.old_key(it)] = self.old_values(ctx)
         ctx.inner_iter = 0
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
@@ -307,18 +327,19 @@ class Objective(ABC):
                                          group_size=ro.group_size, surrogate=surrogate)
         metrics.update(behaviour)
         if ref is not None:
-            kl = self.kl_term(s, ref, g)
+            kl = self.kl_term(s, ref, g, ro.group_size)
             loss = loss + c.beta * kl
             metrics["train/kl"] = kl.detach()
         metrics.update(self.extra_metrics(ctx))
         return loss, metrics
 
-    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor],
+                group_size: int) -> torch.Tensor:
         """The KL penalty before its weight ``beta``: the k3 estimator on the KL units, reduced by
         ``kl_agg``. An objective whose method defines another KL form overrides this (ESPO: half the
         squared ELBO difference per sequence); ``gather`` gives every process's rows."""
         units, mask = policy.kl_units()
-        return agg_loss(gather(kl_penalty(units, ref.kl_units()[0])), gather(mask), self.kl_agg)
+        return agg_loss(gather(kl_penalty(units, ref.kl_units()[0])), gather(mask), self.kl_agg, group_size)
 
     def corrected_advantages(self, ctx: StepContext, old: torch.Tensor | None,
                              mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

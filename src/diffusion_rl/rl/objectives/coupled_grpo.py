@@ -41,7 +41,6 @@ log-probs on each iteration's mask seed, ``leave_one_out = True``). Deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -55,6 +54,7 @@ class CoupledGRPOConfig(GRPOConfig):
     name: str = "coupled_grpo"
     mu: int = 2  # the recipe's num_iterations
     beta: float = 0.01  # the recipe's k3 KL weight
+    agg: str = "token-mean"  # the public loss and KL: the mean over every completion token of the batch
     # eps = eps_high = 0.5 (GRPO's defaults) are the recipe's epsilon
 
 
@@ -63,7 +63,7 @@ def coupled_grpo_loss(
     old_logp: torch.Tensor,  # (B, L) the behaviour policy's, on the same masks
     advantages: torch.Tensor,  # (B, 1) or (B, L)
     mask: torch.Tensor,  # (B, L) the completion tokens that count
-    cfg: GRPOConfig,  # eps, eps_high
+    cfg: GRPOConfig,  # eps, eps_high, agg (token-mean: the public code's)
     *,
     group_size: int,
     surrogate: torch.Tensor | None = None,
@@ -71,7 +71,7 @@ def coupled_grpo_loss(
     """GRPO's clipped per-token surrogate averaged over every completion token of the batch; pure."""
     log_ratio = logp - old_logp.detach()  # (B, L)
     per_token, low, high = clipped_surrogate(log_ratio, advantages, cfg.eps, cfg.eps_high)  # (B, L) each
-    loss = agg_loss(per_token, mask, "token-mean")
+    loss = agg_loss(per_token, mask, cfg.agg, group_size)
     return loss, ratio_metrics(log_ratio, mask, low, high)
 
 
@@ -80,7 +80,6 @@ class CoupledGRPO(GRPO):
     config_class = CoupledGRPOConfig
     cfg: CoupledGRPOConfig
     policy_loss = staticmethod(coupled_grpo_loss)
-    kl_agg: ClassVar[str] = "token-mean"  # the public KL is summed per token into the token mean
 
     def __init__(self, cfg: CoupledGRPOConfig, likelihood):
         super().__init__(cfg, likelihood)

@@ -29,7 +29,14 @@ decoding rule, cache or early stop. Candidate steps are those that committed a t
 rollout took fewer than ``K`` of them the rest of the slots are unused.
 
 Source: the EGSPO paper (entropy-guided step selection; EGSPO-SA's greedy-completion values) and its
-public code, as summarised in docs/methods.md §4. Deviations: a sample with fewer
+public code, vishnutez/egspo-dllm-rl @ a7d618b, ``egspo/egspo_trainer.py`` (``compute_loss``: one
+selected step per micro-batch, its PPO loss plus beta k3, the batch mean divided by the tokens per
+denoising step; ``_generate_and_score_completions``: the steps' rollout-time log-probs as the old
+ones, returns minus the group mean) with ``egspo/train.sh`` and ``slurm_scripts/train.yaml``. The
+defaults are that code's regime: K = 8 selected steps, 2 per optimizer step (``mu = 4``), eps 0.2 /
+0.5, beta 0.04, ``old_logp=recorded``, ``reduce=sum`` with ``step_token_norm``, ``advantage=group``
+and ``optim=egspo`` (lr 3e-5, weight decay 0.1, total-norm clip 0.2; the public runs train LoRA
+adapters of rank 128). Deviations: a sample with fewer
 than ``K`` candidate steps (``stop_at_last_content``) masks its unused slots out (EGSPO-SA gives them
 ``V = r(x_0)`` so the group means stay over ``G`` samples); ``stop_at_last_content`` takes the
 last step that committed a token before the first EOS (the step that placed the first EOS when the
@@ -64,17 +71,23 @@ from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 @dataclass
 class EGSPOConfig(GRPOConfig):
     name: str = "egspo"
-    mu: int = 1  # one update per rollout on all K selected steps (mu = 2 slices them: rollout reuse)
-    # selected steps per sample. The paper trains K = 8 of T = 128; the CPU Sudoku sampler has 8 steps
-    # (the tests 4), so 4 here (K must be <= sampler.steps)
-    K: int = 4
+    # the public code trains one selected step per micro-batch, 2 micro-batches per optimizer step: the
+    # K = 8 steps of a rollout make 4 optimizer steps of K' = ceil(K / mu) = 2 steps each
+    mu: int = 4
+    K: int = 8  # selected steps per sample (logps_eval_num_steps; of T = 128 there); K <= sampler.steps
     select: str = "entropy"  # entropy | random | uniform
     eps: float = 0.2  # the paper's clip range
     eps_high: float = 0.5
+    agg: str = "token-mean"  # the mean over every (sample, selected step) of the update, as the public loss
     reduce: str = "sum"  # stepwise log-prob over the committed tokens: sum | mean
+    # with reduce=sum, divide the loss by the completion's tokens per denoising step (L / T): the public
+    # code's per-token scale (max_completion_length // diffusion_steps)
+    step_token_norm: bool = True
     stop_at_last_content: bool = False  # candidates end at the last step that committed answer text
     steps_per_update: int = 0  # K' slots trained per optimizer step; 0 = ceil(K / mu)
-    old_logp: str = "recompute"  # recompute (old policy, cached per rollout) | recorded (sampler's)
+    # recorded (the sampler's own log-prob of the step, no forward: the public code) | recompute (the
+    # old policy replays the step; equal at theta_old up to float batching)
+    old_logp: str = "recorded"
 
     def validate(self) -> None:
         super().validate()
@@ -108,6 +121,10 @@ class EGSPO(Objective):
     policy_loss = staticmethod(grpo_loss)  # the clipped surrogate, per selected step
     advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "stepwise")
     needs_trajectory = True
+
+    def __init__(self, cfg: EGSPOConfig, likelihood):
+        super().__init__(cfg, likelihood)
+        self.kl_agg = cfg.agg  # the public code adds its k3 term to each step's loss before the mean
 
     # ---- rollout time -------------------------------------------------------------------
     def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
@@ -199,6 +216,15 @@ class EGSPO(Objective):
         """The same steps' log-probabilities from the sampler's logits (exactly comparable with the
         stepwise replay: ``rl/objectives/behaviour.py``)."""
         return self._recorded(ctx)
+
+    def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The template's loss, divided by the completion's tokens per denoising step when the step
+        log-probs are sums (``step_token_norm``): the public code's per-token scale."""
+        loss, metrics = super().loss(ctx)
+        traj = ctx.rollout.trajectory
+        if self.cfg.step_token_norm and self.cfg.reduce == "sum" and traj is not None:
+            loss = loss / max(ctx.rollout.completion_ids.shape[1] // max(traj.num_steps, 1), 1)
+        return loss, metrics
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """The selected slots' advantages (N, K'): per step (stepwise) or the sequence's for each."""

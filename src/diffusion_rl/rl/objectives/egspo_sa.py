@@ -9,8 +9,9 @@ forward; the rollout scores the ``N K`` greedy completions with the final ones, 
 exactly. Selecting ``objective=egspo_sa`` selects ``advantage=stepwise`` (``conf/objective/egspo_sa.yaml``);
 any other estimator is refused at start-up.
 
-Source: the EGSPO paper's stepwise-advantage variant and its public code, as summarised in
-docs/methods.md §4.
+Source: the EGSPO paper's stepwise-advantage variant and its public code, vishnutez/egspo-dllm-rl @
+a7d618b (``egspo/train.sh``: ``LAMBDA1=0.5``, ``NORMALIZE_RETURNS=true``; ``egspo_trainer.py``: the
+returns minus their group mean per slot, no std), run in EGSPO's regime otherwise.
 """
 
 from __future__ import annotations

@@ -144,5 +144,6 @@ class ESPO(Objective):
                                 self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L)
         return Scores(terms, mask)
 
-    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor],
+                group_size: int) -> torch.Tensor:
         return espo_kl(gather(policy.logp), gather(ref.logp), gather(policy.mask))

@@ -9,36 +9,45 @@ Per sequence ``j`` of a prompt's group of ``G``::
          = exp(lt_j) / G                                      normalize=group_size (ablation)
     loss = mean over groups of  -sum_j w_j * A_j * ELBO_theta(x_j)
 
-``clip=paper`` (default): ``hi = log(1 + eps)``, ``lo = log(1 - eps)`` if ``eps < 1`` else none;
-``clip=cap`` (the public code): ``hi = log(eps)``, no lower bound; ``clip=none``. The weights are
-detached, so the gradient ``-sum_j w_j A_j grad ELBO_theta(x_j)`` is a convex combination of the
-per-sample terms.
+``clip=cap`` (default, the public code's ``ais_clip_iw``): ``hi = log(eps)``, no lower bound;
+``clip=paper`` (the paper's ``clip_eps(rho)``): ``hi = log(1 + eps)``, ``lo = log(1 - eps)`` if
+``eps < 1`` else none; ``clip=none``; ``clip=ppo`` (the ablation's "GRPO on ELBO ratios", with
+``normalize=group_size``): PPO's *conditional* clip with cap's bounds, ``w_j = rho_j`` unless
+``rho_j > eps`` with ``A_j > 0`` (then ``w_j = 0``: the sample's gradient is clipped away, as in GRPO's
+``-min(rho A, clip(rho) A)``), so the gradient is GRPO's on sequence ratios with the same surrogate. The weights are detached, so the gradient
+``-sum_j w_j A_j grad S_theta(x_j)`` is a convex combination of the per-sample terms, ``S`` the
+surrogate below.
 
-Source: the StableDRL paper ("clip + self-normalisation", eps = 5) and its public code, which builds
-on SPG's trainer (``use_snis``, ``ais_clip_iw``, SPG's masking and ELBO/EUBO code). Deviations, as
-read from a public SPG-based implementation of it (not verified against every release):
+Source: the StableDRL paper ("clip + self-normalisation", eps = 5) and its public code,
+JianyuanZhong/StableDRL @ 26ad014: ``networks/llada_svpo.py`` (``compute_loss_spg``: the clamp of
+``log w`` at ``log(ais_clip_iw)`` and the softmax; ``_get_per_seq_logps_spg``: SPG's masks, ELBO and
+EUBO; the old ELBO taken once at rollout time, ``generate_and_score_completions_spg``) and
+``training/training_loop_spg_snis.py`` with ``configs/*_spg_snis.yaml``. The defaults are that code's
+regime: ``likelihood=spg_blocks`` (SPG's block-random masks, 2 Monte Carlo samples, the ELBO a mean
+over masked tokens, no 1/t), ``share_masks_with_old=false`` (the old policy's masks drawn once per
+rollout, the new policy's fresh every inner iteration, so ``l_j`` is not 0 at the first update),
+``mu = 2``, ``beta = 0`` (no reference model), ``advantage=group`` (``r - mean``, no std),
+``surrogate=spg_mix``, and ``optim=stabledrl`` (lr 1e-6, weight decay 0.1, total-norm clip 0.2, linear
+decay over 2000 steps). Deviations:
 
-- the softmax runs inside each prompt's group, never across the batch (that implementation
-  normalises over the whole local batch);
-- ``share_masks_with_old=true`` (default) evaluates the old and the new ELBO on identical masks
-  (seeds ``mask_seeds(run_seed, rollout, j, inner_iter)``), so ``l_j = 0`` exactly at
-  ``theta = theta_old``; ``false`` draws fresh masks for the new policy (seeds from the inner
-  iteration plus a salt), the public code's regime of largest ratio noise. That code computes the
-  old ELBO once per rollout; here it is recomputed (no grad) every inner iteration on that
-  iteration's masks (``old_policy=cached``: computed for every iteration's masks right after the
-  rollout, from the same weights);
-- ``surrogate=spg_mix`` (SPG's ``logp_estimation=mix``): for ``A_j <= 0`` the loss uses
-  ``(1 - mix_weight) * ELBO + mix_weight * EUBO`` of the same masks (``eubo_beta = 1.5``); the
-  weights always come from the ELBO ratio, as there. Both bounds are per-token averages in that
-  code, so spg_mix requires ``likelihood.weighting=mean``;
-- KL anchor (``beta``; the SPG / StableDRL scripts run with ``beta = 0``, here 0.04 by default: on the
-  embedded Sudoku model the paper's setting collapsed, 0.78 -> 0.61 cell accuracy, because the reward
-  ignores the given cells and nothing else holds their copying): ``beta * k3(ref, theta)`` averaged
-  over the masked tokens of each of the new policy's Monte Carlo samples, then over samples and
-  sequences, the reference scored on the same masks (one extra forward without gradients). It is
-  added outside the weighted sum, so the weights and their ESS are unchanged. A per-token k3 on the
-  ELBO's terms, not on the sequence ELBO: the difference of two sequence ELBOs is tens of nats and
-  its exponential overflows.
+- the softmax runs inside each prompt's group; the public code normalises over its local batch,
+  which is one group of 16 (8 generations x 2 repeats) per process in every config, so the two agree
+  there. Its group of 16 is ``task.group_size=16``; the task's own group size is kept (8);
+- ``surrogate=spg_mix`` (SPG's ``logp_estimation=mix``, the public code's loss): ``S_j`` is the ELBO
+  for ``A_j > 0`` and ``(1 - mix_weight) * ELBO + mix_weight * EUBO`` of the same masks otherwise
+  (``eubo_beta = 1.5``, ``mix_weight = 0.5``); the weights always come from the ELBO ratio, as there.
+  Both bounds are per-token averages, so spg_mix needs ``likelihood=spg_blocks`` or ``likelihood=elbo``
+  with ``weighting=mean``; ``surrogate=elbo`` uses the ELBO for every sample (the paper's equation,
+  and the only choice with ``likelihood=staircase``);
+- ``share_masks_with_old=true`` evaluates the old and the new ELBO on identical masks (seeds
+  ``mask_seeds(run_seed, rollout, j, inner_iter)``), so ``l_j = 0`` exactly at ``theta = theta_old``:
+  the regime of every other public implementation (d1, ESPO), where the clip cannot act at ``mu = 1``;
+- KL anchor (``beta > 0``, not in the public code): ``beta * k3(ref, theta)`` averaged over the masked
+  tokens of each of the new policy's Monte Carlo samples, then over samples and sequences, the
+  reference scored on the same masks (one extra forward without gradients). It is added outside the
+  weighted sum, so the weights and their ESS are unchanged. A per-token k3 on the ELBO's terms, not
+  on the sequence ELBO: the difference of two sequence ELBOs is tens of nats and its exponential
+  overflows.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import ELBOEstimator, eubo_from_logps
+from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
@@ -62,17 +72,20 @@ from diffusion_rl.rl.objectives.base import (
 )
 
 log = logging.getLogger(__name__)
+CLIPS = ("cap", "paper", "none", "ppo")
 _LOG_W_MAX = 80.0  # exp(80) ~ 5.5e34: keeps the unnormalised group_size weights finite in float32
 
 
 @dataclass
 class StableDRLConfig(ObjectiveConfig):
     name: str = "stabledrl"
-    mu: int = 2  # the paper's inner updates per rollout batch
-    eps: float = 5.0  # the paper's best trade-off; 100 or 1000 bring the collapse back
-    clip: str = "paper"  # paper | cap | none
+    mu: int = 2  # num_iterations: 2 in every public config (the paper's inner updates per rollout)
+    beta: float = 0.0  # no reference model in the public code
+    share_masks_with_old: bool = False  # the public code draws the old and the new ELBO's masks apart
+    eps: float = 5.0  # ais_clip_iw, the paper's best trade-off; 100 or 1000 bring the collapse back
+    clip: str = "cap"  # cap (the public code: w <= eps) | paper (w in [1 - eps, 1 + eps]) | none | ppo (GRPO's)
     normalize: str = "self"  # self | group_size
-    surrogate: str = "elbo"  # elbo | spg_mix
+    surrogate: str = "spg_mix"  # spg_mix (the public code's SPG bound) | elbo
     eubo_beta: float = 1.5  # spg_mix only
     mix_weight: float = 0.5  # spg_mix only: weight of the EUBO for A <= 0
 
@@ -80,8 +93,8 @@ class StableDRLConfig(ObjectiveConfig):
         super().validate()
         if not self.eps > 0:
             raise ConfigError("objective.eps", self.eps, "must be > 0")
-        if self.clip not in ("paper", "cap", "none"):
-            raise ConfigError("objective.clip", self.clip, "allowed: paper, cap, none")
+        if self.clip not in CLIPS:
+            raise ConfigError("objective.clip", self.clip, f"allowed: {', '.join(CLIPS)}")
         if self.normalize not in ("self", "group_size"):
             raise ConfigError("objective.normalize", self.normalize, "allowed: self, group_size")
         if self.surrogate not in ("elbo", "spg_mix"):
@@ -96,7 +109,7 @@ def clip_bounds(eps: float, clip: str) -> tuple[float, float]:
     """``(lo, hi)`` of the clamp on log ratios; infinities mean no bound."""
     if clip == "paper":
         return (math.log(1 - eps) if eps < 1 else -math.inf), math.log(1 + eps)
-    if clip == "cap":
+    if clip in ("cap", "ppo"):
         return -math.inf, math.log(eps)
     if clip == "none":
         return -math.inf, math.inf
@@ -104,15 +117,23 @@ def clip_bounds(eps: float, clip: str) -> tuple[float, float]:
 
 
 def group_weights(log_ratio: torch.Tensor, group_size: int, eps: float, clip: str = "paper",
-                  normalize: str = "self") -> tuple[torch.Tensor, torch.Tensor]:
+                  normalize: str = "self", advantages: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Detached weights ``w`` and their normalised form ``w / sum_group w``, both (N/G, G).
 
-    The softmax runs over each prompt's group only (rows of the ``(N/G, G)`` view).
+    The softmax runs over each prompt's group only (rows of the ``(N/G, G)`` view). ``clip=ppo`` reads
+    the ``advantages`` (N,): a ratio above the bound with ``A > 0`` (below it with ``A < 0``) weighs 0.
     """
     lr = log_ratio.detach().float().view(-1, group_size)  # (N/G, G)
     lo, hi = clip_bounds(eps, clip)
-    lt = lr.clamp(lo, hi)  # infinite bounds are no-ops
-    w_norm = torch.softmax(lt, -1)  # exp(lt_j) / sum_k exp(lt_k), computed stably
+    if clip == "ppo":
+        if advantages is None:
+            raise ValueError("clip=ppo needs the advantages")
+        adv = advantages.detach().float().view(-1, group_size)  # (N/G, G)
+        out = ((lr > hi) & (adv > 0)) | ((lr < lo) & (adv < 0))  # clipped away: no gradient
+        lt = torch.where(out, torch.full_like(lr, -math.inf), lr)
+    else:
+        lt = lr.clamp(lo, hi)  # infinite bounds are no-ops
+    w_norm = torch.softmax(lt, -1).nan_to_num(0.0)  # exp(lt_j) / sum_k exp(lt_k), computed stably
     if normalize == "self":
         return w_norm, w_norm
     if normalize == "group_size":
@@ -136,10 +157,13 @@ def stabledrl_loss(
     surr = x if surrogate is None else surrogate.float()
     adv = advantages.float().detach().reshape(-1, G)  # (N/G, G)
     lr = (x.detach() - old_logp.detach().float()).reshape(-1, G)  # (N/G, G) raw log ratios
-    w, w_norm = group_weights(lr, G, cfg.eps, cfg.clip, cfg.normalize)  # (N/G, G) each, detached
+    w, w_norm = group_weights(lr, G, cfg.eps, cfg.clip, cfg.normalize, adv)  # (N/G, G) each, detached
     lo, hi = clip_bounds(cfg.eps, cfg.clip)
     loss = -(w * adv * surr.reshape(-1, G)).sum(-1).mean()
-    metrics = ratio_metrics(lr, torch.ones_like(lr), lr < lo, lr > hi)
+    low, high = lr < lo, lr > hi
+    if cfg.clip == "ppo":  # only the conditional clip's cases count as clipped
+        low, high = low & (adv < 0), high & (adv > 0)
+    metrics = ratio_metrics(lr, torch.ones_like(lr), low, high)
     metrics["weights/ess"] = (1.0 / w_norm.pow(2).sum(-1)).mean()
     metrics["weights/max"] = w.max()
     return loss, metrics
@@ -162,9 +186,10 @@ class StableDRL(Objective):
             raise ConfigError("likelihood.name", likelihood.cfg.name,
                               "StableDRL needs a sequence-level estimator: elbo or staircase")
         if cfg.surrogate == "spg_mix":
-            if not isinstance(likelihood, ELBOEstimator):
-                raise ConfigError("objective.surrogate", cfg.surrogate, "spg_mix needs likelihood=elbo")
-            if likelihood.cfg.weighting != "mean":  # ELBO and EUBO must both be per-token averages
+            if not isinstance(likelihood, (SPGBlocksEstimator, ELBOEstimator)):
+                raise ConfigError("objective.surrogate", cfg.surrogate, "spg_mix needs likelihood=spg_blocks or elbo; "
+                                  f"with likelihood={likelihood.cfg.name} set objective.surrogate=elbo")
+            if isinstance(likelihood, ELBOEstimator) and likelihood.cfg.weighting != "mean":  # ELBO and EUBO must both be per-token averages
                 raise ConfigError("likelihood.weighting", likelihood.cfg.weighting,
                                   "objective.surrogate=spg_mix needs likelihood.weighting=mean (the SPG code's scale)")
 
