@@ -131,6 +131,8 @@ def test_overlay_changes_what_it_sets_and_builds(tmp_path, group, option):
     from diffusion_rl.app.train import build
 
     choices = overlay_choices(group, option)
+    if group == "recipe":  # the testbed comes after the recipe and may set the same key for the embedded model
+        choices.append("~testbed")
     without = OmegaConf.to_container(compose_cfg([*choices, f"~{group}"], tmp_path, tiny=False), resolve=True)
     with_it = compose_cfg(choices, tmp_path, tiny=False)
     build(with_it)  # every value validates

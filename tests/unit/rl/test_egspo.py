@@ -386,12 +386,13 @@ def test_stop_at_last_content_in_step_selection(tiny_bundle, select):
     assert torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("objective,lr", [("egspo", 1e-4), ("egspo_sa", 1e-4), ("grpo", 3e-4), ("stabledrl", 3e-4)])
-def test_objective_selects_its_optimiser_preset_and_the_command_line_wins(tmp_path, objective, lr):
+@pytest.mark.parametrize("objective,lr", [("egspo", 3e-5), ("egspo_sa", 3e-5), ("grpo", 3e-6), ("stabledrl", 1e-6)])
+def test_objective_selects_its_public_optimiser_and_the_testbed_and_command_line_win(tmp_path, objective, lr):
     from tests.helpers.common import compose_cfg
 
-    cfg = compose_cfg([f"objective={objective}"], tmp_path)
-    assert cfg.optim.lr == pytest.approx(lr) and cfg.optim.grad_clip == 1.0  # the rest is optim/default
+    public = compose_cfg([f"objective={objective}", "~testbed"], tmp_path)
+    assert public.optim.lr == pytest.approx(lr) and public.optim.grad_clip == 0.2  # the public code's clip
+    assert compose_cfg([f"objective={objective}"], tmp_path).optim.lr == pytest.approx(3e-4)  # conf/testbed/tiny_*
     assert compose_cfg([f"objective={objective}", "optim.lr=5e-5"], tmp_path).optim.lr == pytest.approx(5e-5)
 
 
@@ -401,13 +402,13 @@ def test_selection_experiment_sweeps_selectors_and_seeds_with_egspo_defaults(tmp
     from tests.helpers.common import CONF, compose_cfg
 
     cfg = compose_cfg(["experiment=egspo_selection"], tmp_path, tiny=False)
-    assert cfg.objective.name == "egspo" and cfg.optim.lr == pytest.approx(1e-4) and cfg.task.name == "sudoku"
+    assert cfg.objective.name == "egspo" and cfg.optim.lr == pytest.approx(3e-4) and cfg.task.name == "sudoku"
     assert (cfg.objective.K, cfg.sampler.steps) == (2, 16)  # one step in eight, as the paper's 8 of 128
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         full = compose(config_name="config", overrides=["experiment=egspo_selection"], return_hydra_config=True)
     params = full.hydra.sweeper.params
     assert set(params["objective.select"].split(",")) == {"entropy", "random", "uniform", "low_entropy"}
-    assert len(params["seed"].split(",")) == 3
+    assert len(params["seed"].split(",")) == 8
 
 
 def test_low_entropy_selector_is_the_mirror_of_entropy():
