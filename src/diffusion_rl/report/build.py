@@ -34,11 +34,11 @@ from pathlib import Path
 
 from diffusion_rl.report.groups import (
     bootstrap_table,
-    seed_table,
     group_runs,
     grouped_table,
     has_seeds,
     plot_grouped,
+    seed_table,
 )
 from diffusion_rl.report.runs import (  # noqa: F401  (ema, RAW_ALPHA, find_runs, run_labels: the report's API)
     EVAL_PREFIX,
