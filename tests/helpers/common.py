@@ -21,12 +21,19 @@ TINY = [
 ]
 
 
+def tiny_for(overrides: list[str]) -> list[str]:
+    """TINY, plus what an objective needs at its size: EGSPO's public K = 8 selected steps exceed the
+    tiny sampler's 4 (the objective refuses K > sampler.steps), so the tiny runs select 2 of 4."""
+    egspo = any(o in ("objective=egspo", "objective=egspo_sa") for o in overrides)
+    return TINY + (["objective.K=2"] if egspo else [])
+
+
 def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True, config_name: str = "config") -> DictConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(
             config_name=config_name,
-            overrides=(TINY if tiny else []) + [f"paths.cache_dir={tmp_path / 'cache'}"] + overrides,
+            overrides=(tiny_for(overrides) if tiny else []) + [f"paths.cache_dir={tmp_path / 'cache'}"] + overrides,
         )
 
 

@@ -219,6 +219,8 @@ class DiffusionRLModule(L.LightningModule):
         ro = self.rollout(items)
         ctx = self.step_context(ro)
         for it in range(self.objective.cfg.mu):
+            if self.trainer.global_step >= self.trainer.max_steps > 0:
+                break  # trainer.max_steps counts optimizer steps: a rollout's last updates may fall past it
             self.inner_update(ctx, it)
         self.sync_old_policy()
 

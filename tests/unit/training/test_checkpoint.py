@@ -65,7 +65,7 @@ def test_a_lora_checkpoint_resumes_only_on_its_own_base(tmp_path):
 
     base = write_checkpoint("llada", tmp_path / "base", real_ids=False)
     other = write_checkpoint("llada", tmp_path / "other", real_ids=False, seed=1)
-    common = ["model=llada_8b_instruct", "model.dtype=float32", "model.lora_r=4", "task.num_train=64", "task.num_test=4",
+    common = ["model=llada_8b_instruct", "model.dtype=float32", "model.lora_r=4", "objective.mu=1", "task.num_train=64", "task.num_test=4",
               "task.num_val=4", "task.prompts_per_batch=2", "task.group_size=4", "warmstart.enabled=false",
               "eval.before=false", "eval.after=false", "eval.every_n_steps=0", "sampler.gen_length=8",
               "sampler.block_length=8", "sampler.steps=4", "trainer.enable_progress_bar=false",
