@@ -1,7 +1,7 @@
 """Hugging Face diffusion LMs behind the policy interface: ``model=hf model.path=<folder or hub id>``.
 
 The named configs use the same builder: ``model=llada_8b_instruct`` / ``llada_1_5``,
-``dream_7b_instruct`` / ``diffucoder_7b_instruct``, ``sdar_8b_chat`` / ``sdar_1_7b_chat`` /
+``dream_7b_instruct`` / ``diffucoder_7b_instruct``, ``sdar_8b_chat`` / ``sdar_4b_chat`` / ``sdar_1_7b_chat`` /
 ``trado_8b_instruct`` / ``trado_4b_instruct``. What it does:
 
 - ``model.impl=native`` (the default) never runs code from the checkpoint: a folder whose

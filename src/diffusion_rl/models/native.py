@@ -42,6 +42,7 @@ from diffusion_rl.models.layers import KV, attention_inputs, rope_tables
 log = logging.getLogger(__name__)
 
 NATIVE: dict[str, type[NativeLM]] = {}  # model_type -> our class (filled by register_native)
+_NOTED_ATTENTION: set[tuple[str, str]] = set()  # (class, requested implementation) already logged
 
 
 class KVCache(list):
@@ -101,6 +102,20 @@ class NativeLM(PreTrainedModel):
     def mask_padding(self) -> bool:
         """Whether a (B, L) padding mask is applied (LLaDA as released: no, it attends over padding)."""
         return True
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, is_init_check: bool = False,
+                                              allow_all_kernels: bool = False) -> str:
+        """Our layers compute attention themselves (``layers.attend``: torch's scaled-dot-product
+        attention), whatever the checkpoint asks for: a requested implementation (SDAR-4B / 8B-Chat's
+        ``config.json`` carries ``"attn_implementation": "flex_attention"``, for their training code) is
+        noted once in the log, not refused."""
+        if attn_implementation not in (None, "sdpa"):
+            key = (type(self).__name__, str(attn_implementation))
+            if key not in _NOTED_ATTENTION:
+                _NOTED_ATTENTION.add(key)
+                log.info("%s: attn_implementation=%r requested (config.json or model.extra); the native "
+                         "implementation computes attention itself with torch's sdpa", *key)
+        return "sdpa"
 
     def decoder_layers(self) -> nn.ModuleList:
         raise NotImplementedError

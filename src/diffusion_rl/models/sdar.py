@@ -9,10 +9,14 @@ head is tied to the embeddings only if ``tie_word_embeddings`` says so.
 
 Block diffusion: attention is bidirectional inside a block of ``block_size`` tokens and causal across
 blocks, blocks counted from the first input position (the released sampler passes exactly that mask
-over ``[prompt ; generation]`` and caches the keys/values of finished blocks). ``block_size`` and
-``mask_token_id`` are read from the checkpoint's ``config.json`` (the training code reads both from
-there); ``model.block_size`` may only restate it. Training inputs ``[noisy ; clean]`` with shared
-positions come as a boolean 4D mask from our staircase estimator (docs/methods.md §3).
+over ``[prompt ; generation]`` and caches the keys/values of finished blocks). The released
+``config.json`` files name neither ``block_size`` nor ``mask_token_id`` (only JetAstra/SDAR's training
+copy adds them): the block size comes from the preset (``model.block_size: 4``) unless a checkpoint's
+``config.json`` names one, the mask id from the tokenizer's ``<|MASK|>``. The other released fields our
+forward does not use (``attn_implementation: flex_attention``, ``fuse_cross_entropy``, ``debug``,
+``ep_size``, ``micro_forward``, ``skip_checkpoint``, ``use_deepep``) are accepted; the attention request
+is noted in the log (models/native.py). Training inputs ``[noisy ; clean]`` with shared positions come
+as a boolean 4D mask from our staircase estimator (docs/methods.md §3).
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ class SDARConfig(QwenConfig):
     max_position_embeddings: int = 40960
     max_window_layers: int | None = 36
     attention_bias: bool = False
-    block_size: int | None = None  # must come from config.json (released: 4)
-    mask_token_id: int | None = None  # released: 151669 (<|MASK|>)
+    block_size: int | None = None  # absent from the released config.json: the preset's 4 (model.block_size)
+    mask_token_id: int | None = None  # absent from the released config.json: the tokenizer's <|MASK|> (151669)
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -53,10 +57,11 @@ class SDARForCausalLM(QwenStyleLM):
 
     def __init__(self, config: SDARConfig):
         unsupported(config, {"attention_bias": (config.attention_bias, False)})
-        if not config.block_size or config.block_size < 1:
-            raise ConfigError("sdar config.json block_size", config.block_size,
-                              "an SDAR checkpoint names its block size (the released ones: 4); add it or set "
-                              "model.block_size")
+        if config.block_size is None:
+            raise ConfigError("model.block_size", 0, "SDAR's released config.json names no block size: set "
+                              "model.block_size (the SDAR presets set the released 4)")
+        if not isinstance(config.block_size, int) or config.block_size < 1:
+            raise ConfigError("sdar config.json block_size", config.block_size, "must be an integer >= 1")
         super().__init__(config)
 
     @property

@@ -25,7 +25,7 @@ from diffusion_rl.models.heads import token_logps_chunked
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, encode_prompts, logits_fn
 from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
-from tests.helpers.released_layouts import write_checkpoint
+from tests.helpers.released_layouts import BLOCK_SIZE, write_checkpoint
 from tests.unit.models.test_hf import save_tiny_hf
 
 FAMILIES = ["tiny", "tiny_block", "llada", "dream", "sdar", "hf"]
@@ -48,7 +48,8 @@ def bundles(tmp_path_factory) -> dict[str, PolicyBundle]:
     for arch in ("llada", "dream", "sdar"):
         attention = "native" if arch == "sdar" else "bidirectional"  # as the presets: SDAR is block-causal
         folder = write_checkpoint(arch, root / arch, real_ids=False)
-        out[arch] = build_policy(ModelConfig(name="hf", path=str(folder), attention=attention))
+        out[arch] = build_policy(ModelConfig(name="hf", path=str(folder), attention=attention,
+                                             block_size=BLOCK_SIZE[arch]))
     out["hf"] = build_policy(ModelConfig(name="hf", path=str(save_tiny_hf(root / "llama"))))
     return out
 

@@ -254,14 +254,15 @@ def test_four_bit_without_bitsandbytes_or_cuda_fails_in_one_line(hf_path):
 def test_named_model_configs_validate(tmp_path):
     from diffusion_rl.core.config import from_dict
 
-    for name in ("llada_8b_instruct", "llada_1_5", "dream_7b_instruct", "sdar_8b_chat", "sdar_1_7b_chat",
-                 "diffucoder_7b_instruct", "trado_8b_instruct", "trado_4b_instruct"):
+    for name in ("llada_8b_instruct", "llada_1_5", "dream_7b_instruct", "sdar_8b_chat", "sdar_4b_chat",
+                 "sdar_1_7b_chat", "diffucoder_7b_instruct", "trado_8b_instruct", "trado_4b_instruct"):
         cfg = compose_cfg([f"model={name}"], tmp_path, tiny=False)
         m = from_dict(ModelConfig, cfg.model, "model")
         m.validate()
-        # our own classes, no checkpoint code; special ids and SDAR's block size from the checkpoint
+        # our own classes, no checkpoint code; special ids from the checkpoint; SDAR's block size from the
+        # preset (its released config.json names none)
         assert m.name == "hf" and m.impl == "native" and not m.trust_remote_code
-        assert m.mask_token_id is None and m.block_size == 0
+        assert m.mask_token_id is None and m.block_size == (4 if name.startswith(("sdar", "trado")) else 0)
         assert (m.lora_r, m.lora_alpha, m.lora_dropout, m.dtype) == (128, 64, 0.05, "bfloat16")
     llada = from_dict(
         ModelConfig, compose_cfg(["model=llada_8b_instruct"], tmp_path, tiny=False).model, "model"

@@ -22,7 +22,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy, discover_models
 from diffusion_rl.models.native import NATIVE, NativeDiffusionLM
 from diffusion_rl.models.policy import ModelConfig
-from tests.helpers.released_layouts import FAMILY, released_weights, write_checkpoint
+from tests.helpers.released_layouts import BLOCK_SIZE, released_weights, write_checkpoint
 
 ARCHS = ("llada", "dream", "sdar", "diffucoder", "trado")  # the last two: Dream's and SDAR's architectures
 CLASSES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM", "diffucoder": "DreamModel",
@@ -45,6 +45,8 @@ def ids_batch(vocab: int, B: int = 2, L: int = 8, seed: int = 0) -> torch.Tensor
 def load(folder: Path, **kwargs):
     discover_models()  # importing the architectures registers them with AutoConfig / AutoModel
     kwargs.setdefault("dtype", torch.float32)  # else config.json's (bfloat16, as released)
+    if json.loads((folder / "config.json").read_text())["model_type"] == "sdar":
+        kwargs.setdefault("block_size", BLOCK_SIZE["sdar"])  # the preset's: the released config.json names none
     return AutoModel.from_pretrained(folder, trust_remote_code=False, **kwargs)
 
 
@@ -108,7 +110,7 @@ def test_a_renamed_key_fails_in_one_line_naming_it(folders, arch, tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and repr(old) in msg and "missing" in msg  # the key we expect and did not get
     with pytest.raises(ConfigError) as err:  # the same through the builder
-        build_policy(ModelConfig(name="hf", path=str(dst), attention=ATTENTION[arch]))
+        build_policy(ModelConfig(name="hf", path=str(dst), attention=ATTENTION[arch], block_size=BLOCK_SIZE[arch]))
     assert "\n" not in str(err.value) and repr(old) in str(err.value)
 
 
@@ -165,17 +167,18 @@ def test_trust_remote_code_needs_impl_remote():
 # ---- the policy network ------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bundle_reads_the_special_ids_and_blocks_of_the_checkpoint(folders, arch):
-    b = build_policy(ModelConfig(name="hf", path=str(folders[arch]), attention=ATTENTION[arch]))
+    b = build_policy(ModelConfig(name="hf", path=str(folders[arch]), attention=ATTENTION[arch], block_size=BLOCK_SIZE[arch]))
     cfg = json.loads((folders[arch] / "config.json").read_text())
     assert isinstance(b.net, NativeDiffusionLM) and b.custom_attention_mask
-    assert b.mask_token_id == cfg["mask_token_id"]
-    assert b.tokenizer.mask_token_id == (None if arch == "llada" else b.mask_token_id)  # LLaDA's names none
-    assert b.block_size == cfg.get("block_size", 0) if FAMILY[arch] == "sdar" else b.block_size == 0
+    # SDAR's config.json names no mask id: its tokenizer's <|MASK|>; LLaDA's tokenizer names none
+    assert b.mask_token_id == cfg.get("mask_token_id", b.tokenizer.convert_tokens_to_ids("<|MASK|>"))
+    assert b.tokenizer.mask_token_id == (None if arch == "llada" else b.mask_token_id)
+    assert b.block_size == BLOCK_SIZE[arch]
     assert b.eos_token_id == b.tokenizer.eos_token_id
 
 
 @pytest.mark.parametrize("arch, attention, block_size", [
-    ("llada", "block_causal", 4), ("dream", "block_causal", 4), ("sdar", "bidirectional", 0), ("sdar", "native", 8),
+    ("llada", "block_causal", 4), ("dream", "block_causal", 4), ("sdar", "bidirectional", 4), ("sdar", "native", 0),
 ])
 def test_attention_and_block_size_must_match_the_checkpoint(folders, arch, attention, block_size):
     with pytest.raises(ConfigError) as err:
@@ -198,7 +201,7 @@ def test_prefix_cache_gives_the_logits_of_the_full_forward(folders, arch):
     """Keys/values of a prefix, cached, then the rest: equal to one forward in which the prefix does
     not see the rest (exact for the finished blocks of a block model; a prefix cache's approximation
     for a bidirectional one). Left padding in one row (not for LLaDA, which attends over it)."""
-    b = build_policy(ModelConfig(name="hf", path=str(folders[arch]), attention=ATTENTION[arch]))
+    b = build_policy(ModelConfig(name="hf", path=str(folders[arch]), attention=ATTENTION[arch], block_size=BLOCK_SIZE[arch]))
     net = b.net.eval()
     L, P = 12, 8
     ids = ids_batch(net.config.vocab_size, L=L, seed=3)
@@ -224,7 +227,7 @@ def test_activation_checkpointing_gives_the_same_gradients(folders, arch):
     for ckpt in (False, True):
         torch.manual_seed(0)
         b = build_policy(ModelConfig(name="hf", path=str(folders[arch]), attention=ATTENTION[arch],
-                                     gradient_checkpointing=ckpt))
+                                     block_size=BLOCK_SIZE[arch], gradient_checkpointing=ckpt))
         net = b.net.train()
         ids = ids_batch(net.config.vocab_size)
         net(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
@@ -286,9 +289,10 @@ def test_trado_presets_are_sdar_with_the_checkpoints_blocks(folders, tmp_path):
     for preset, repo in (("trado_8b_instruct", "Gen-Verse/TraDo-8B-Instruct"),
                          ("trado_4b_instruct", "Gen-Verse/TraDo-4B-Instruct")):
         m = compose_cfg([f"model={preset}"], tmp_path, tiny=False).model
-        assert m.path == repo and m.attention == "native" and m.block_size == 0 and m.lora_r == 128
-    b = build_policy(ModelConfig(name="hf", path=str(folders["trado"]), attention="native"))
-    assert b.block_size == 4 and b.eos_token_id == b.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        assert m.path == repo and m.attention == "native" and m.block_size == 4 and m.lora_r == 128
+    b = build_policy(ModelConfig(name="hf", path=str(folders["trado"]), attention="native", block_size=4))
+    # SDAR's released tokenizer_config.json names <|endoftext|> its EOS (its generation_config also lists <|im_end|>)
+    assert b.block_size == 4 and b.eos_token_id == b.tokenizer.convert_tokens_to_ids("<|endoftext|>")
 
 
 def test_an_sdar_layout_with_a_tied_head_loads(tmp_path):

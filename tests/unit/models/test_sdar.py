@@ -32,14 +32,15 @@ from tests.helpers.released_layouts import write_checkpoint
 def ckpt(request, tmp_path_factory):
     folder = write_checkpoint(request.param, tmp_path_factory.mktemp(request.param), real_ids=False)
     cfg = json.loads((folder / "config.json").read_text())
-    bundle = build_policy(ModelConfig(name="hf", path=str(folder), attention="native"))
+    # block size 4: the SDAR presets' (the released config.json names none)
+    bundle = build_policy(ModelConfig(name="hf", path=str(folder), attention="native", block_size=4))
     bundle.net.eval()
     return folder, cfg, checkpoint_tensors(folder), bundle
 
 
 def test_block_causal_forward_with_padding_matches_the_transcription(ckpt):
     folder, cfg, sd, bundle = ckpt
-    bs = cfg["block_size"]
+    bs = bundle.block_size
     ids = torch.randint(0, cfg["vocab_size"] - 8, (2, 10), generator=torch.Generator().manual_seed(4))
     keep = torch.ones_like(ids)
     keep[0, :3] = 0  # left padding: the first block has one real token
@@ -58,7 +59,7 @@ def test_block_causal_forward_with_padding_matches_the_transcription(ckpt):
 def test_staircase_mask_and_shared_positions_match_the_transcription(ckpt):
     """The training input ``[prompt, clean, noisy]`` through the estimator's own call."""
     folder, cfg, sd, bundle = ckpt
-    bs = cfg["block_size"]
+    bs = bundle.block_size
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, 200, (2, 4), generator=g)
     pmask = torch.ones_like(prompt)
@@ -93,28 +94,35 @@ def test_block_sampler_with_the_cache_gives_the_tokens_without_it(ckpt, temperat
     assert torch.equal(auto.sequences, outs[0])
 
 
-def test_block_size_comes_from_the_checkpoint(ckpt, tmp_path):
+def test_block_size_comes_from_the_preset_unless_the_checkpoint_names_one(ckpt, tmp_path):
+    """SDAR's released config.json names no block size: the presets set 4; a config.json that names
+    one (JetAstra/SDAR's training copy does) is read, and a preset that disagrees stops in one line."""
     folder, cfg, _, bundle = ckpt
-    assert bundle.block_size == cfg["block_size"] == 4
-    for preset in ("sdar_8b_chat", "trado_8b_instruct", "trado_4b_instruct"):
+    assert "block_size" not in cfg and bundle.block_size == 4
+    for preset in ("sdar_8b_chat", "sdar_4b_chat", "sdar_1_7b_chat", "trado_8b_instruct", "trado_4b_instruct"):
         composed = compose_cfg([f"model={preset}", f"model.path={folder}"], tmp_path, tiny=False).model
-        assert composed.block_size == 0  # the preset names no block size: the checkpoint does
+        assert composed.block_size == 4
+    with pytest.raises(ConfigError) as err:  # no preset, no block size anywhere
+        build_policy(ModelConfig(name="hf", path=str(folder), attention="native"))
+    assert "\n" not in str(err.value) and str(err.value).startswith("model.block_size")
     dst = tmp_path / "b2"
     shutil.copytree(folder, dst)
     (dst / "config.json").write_text(json.dumps({**cfg, "block_size": 2}))
     assert build_policy(ModelConfig(name="hf", path=str(dst), attention="native")).block_size == 2
-    (dst / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "block_size"}))
     with pytest.raises(ConfigError) as err:
-        build_policy(ModelConfig(name="hf", path=str(dst), attention="native"))
-    assert "\n" not in str(err.value) and "block_size" in str(err.value)
-    assert build_policy(ModelConfig(name="hf", path=str(dst), attention="native", block_size=4)).block_size == 4
+        build_policy(ModelConfig(name="hf", path=str(dst), attention="native", block_size=4))
+    assert "\n" not in str(err.value) and str(err.value).startswith("model.block_size=4")
+    (dst / "config.json").write_text(json.dumps({**cfg, "block_size": 0}))
+    with pytest.raises(ConfigError) as err:  # a bad value in config.json: one line naming the key
+        build_policy(ModelConfig(name="hf", path=str(dst), attention="native", block_size=4))
+    assert "\n" not in str(err.value) and str(err.value).startswith("sdar config.json block_size=0")
 
 
 def test_matches_the_released_modelling_code(ckpt, tmp_path):
     folder, cfg, _, bundle = ckpt
     released = released_model("sdar", folder, tmp_path)
     ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(7))
-    blk = torch.arange(8) // cfg["block_size"]
+    blk = torch.arange(8) // bundle.block_size
     mask = (blk[None, :] <= blk[:, None])[None, None]  # (1, 1, 8, 8) as the released sampler builds it
     with torch.no_grad():
         ours = bundle.net(input_ids=ids).logits
