@@ -19,7 +19,9 @@ metric), ``tests`` (the fraction of tests passed). Programs run in the sandbox c
 ``detail``, tests passed, seconds, captured output) goes to the generations files as ``sandbox``.
 
 Items carry the fields ``rewards/code.py`` reads: ``tests``, ``remote_names``, ``prompt_code``,
-``setup``, ``trusted_setup``.
+``setup``, ``trusted_setup`` and ``reference`` (the reference solution as a completion: its CPU time,
+measured once per machine, sets the item's CPU limit, ``sandbox/limits.py``). A program over its
+limit scores 0 with the verdict ``timeout``.
 """
 
 from __future__ import annotations
