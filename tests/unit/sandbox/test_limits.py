@@ -173,6 +173,23 @@ def test_an_infinite_loop_is_stopped_at_the_floor_and_reported_as_a_timeout(tmp_
     assert scores == [0.0, 0.0]  # a timeout costs what a wrong answer costs; only the verdict differs
 
 
+def test_rollouts_count_timeouts(tmp_path):
+    from tests.unit.tasks.test_text_tasks import make_task, write_jsonl
+
+    row = {"task_id": 601, "text": "", "code": "def f():\n    return 1\n", "test_setup_code": "",
+           "test_list": ["assert f() == 1"]}
+    path = write_jsonl(tmp_path / "mbpp.jsonl", [row, {**row, "task_id": 11}])
+    task = make_task(tmp_path, "mbpp", f"task.data_path={path}", "task.sandbox.cpu_floor_s=1",
+                     "task.sandbox.timeout_s=4", "task.sandbox.workers=2", "task.sandbox.memory_mb=256")
+    item = task.train_items()[0]
+    completions = ["def f():\n    while True:\n        pass\n", "def f():\n    return 1\n", "x = (", "def f():\n    return 2\n"]
+    try:
+        assert task.reward_metrics(completions, [item] * 4) == {"reward/timeout_frac": 0.25}
+    finally:
+        task.code_reward.close()
+    assert list((tmp_path / "cache" / "sandbox_limits").iterdir())  # task.sandbox.cache_dir follows paths.cache_dir
+
+
 @pytest.mark.slow
 def test_mbpp_123_passes_under_load(tmp_path):
     """The issue's case, on the real file: MBPP 123 (amicable numbers below 9999, seconds of CPU)."""

@@ -6,6 +6,7 @@ The real file is tests/fixtures/mbpp/mbpp.jsonl (see tests/fixtures/README.md). 
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -106,3 +107,5 @@ def test_a_short_rl_run_scores_its_rollouts_in_the_sandbox(tmp_path, monkeypatch
     assert 4 <= len(timed) == len(set(timed)) <= len(rows)
     records = [json.loads(line) for line in open(tmp_path / "run" / "eval_generations.jsonl")]
     assert len(records) == 4 and all(r["sandbox"]["reason"] in ("passed", "failed", "error", "exited") for r in records)
+    steps = [r for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv")) if r.get("train/reward")]
+    assert [float(r["reward/timeout_frac"]) for r in steps] == [0.0, 0.0]  # logged each step with the rollout's metrics
