@@ -28,7 +28,10 @@ batch of 512 short programs takes seconds (``python benchmarks/rewards.py``). Ea
 
 A program's CPU limit is its own (``Program.cpu_s``: the code rewards set it from the measured time of
 the item's reference solution, ``sandbox/limits.py``) or ``cpu_floor_s``; its wall-clock limit grows
-with it (:meth:`SandboxConfig.wall_s`). Each result reports the CPU seconds the program's process used
+with it (:meth:`SandboxConfig.wall_s`). The wall clock is there for programs that wait (sleep, block)
+rather than compute: at its end a program with a process that is running or waiting for a core gets another
+period, up to ``WALL_EXTENSIONS`` times, so a correct program on a machine that gives it a
+tenth of a core is not cut short (its CPU limit still holds). Each result reports the CPU seconds the program's process used
 (``cpu_s``) and the limit it had (``cpu_limit_s``).
 
 Limits are per process; a program may fork up to ``max_processes`` tasks, so the memory it can
@@ -68,6 +71,8 @@ ISOLATION = ("auto", "strict", "none")
 REASONS = ("passed", "failed", "error", "exited", "timeout", "memory", "file_size", "output_limit", "killed",
            "sandbox_error")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # nothing inherited
+WALL_EXTENSIONS = 10  # the wall clock extends, one wall_s at a time, up to this many times while the program computes
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _SLOTS_PER_PROCESS = 256  # root: uid_base + (pid mod 2^16) * 256 + slot, a fresh uid per run in flight
 _warned: set[str] = set()
 
@@ -250,7 +255,7 @@ class Sandbox:
                 tests.write(json.dumps(spec).encode())
                 tests.seek(0)
                 stdout, stderr, timed_out = self._launch(self._job(program, slot, workdir, tests.fileno()),
-                                                         tests.fileno(), self.cfg.wall_s(self._cpu_s(program)))
+                                                         tests.fileno(), self._cpu_s(program))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         result = self._result(program, stdout, stderr, timed_out)
@@ -258,8 +263,9 @@ class Sandbox:
         result.cpu_limit_s = self._cpu_s(program)
         return result
 
-    def _launch(self, job: bytes, tests_fd: int, wall_s: float) -> tuple[bytes, bytes, bool]:
+    def _launch(self, job: bytes, tests_fd: int, cpu_s: int) -> tuple[bytes, bytes, bool]:
         """Have the fork server start the launcher; its report (stdout and stderr share the pipe)."""
+        wall_s = self.cfg.wall_s(cpu_s)
         with tempfile.TemporaryFile() as job_file:
             job_file.write(job)
             job_file.seek(0)
@@ -270,6 +276,16 @@ class Sandbox:
                 os.close(w)
         with os.fdopen(r, "rb") as report:
             out, done = _read_until(report, time.monotonic() + wall_s)
+            end = time.monotonic() + WALL_EXTENSIONS * wall_s
+            while not done and time.monotonic() < end:
+                # still computing (runnable, waiting for a core): the machine's load, not the program's fault, and
+                # its CPU limit still holds; a program that sleeps or blocks is killed. More CPU than one
+                # program may use: a fork bomb, killed too
+                cpu, runnable = _group_state(pid)
+                if not runnable or cpu > cpu_s + 1:
+                    break
+                more, done = _read_until(report, min(time.monotonic() + wall_s, end))
+                out += more
             if done:
                 return out, b"", False
             _kill_group(pid)
@@ -372,6 +388,28 @@ def _read_until(f: Any, deadline: float, cap: int = 4 << 20) -> tuple[bytes, boo
         if not chunk:
             return bytes(out), True
         out += chunk[: max(cap - len(out), 0)]
+
+
+def _group_state(pgid: int, samples: int = 5) -> tuple[float, bool]:
+    """CPU seconds (user + system) used so far by the processes of group ``pgid``, and whether one of
+    them was running or waiting for a core (state R) in any of ``samples`` looks 10 ms apart."""
+    ticks, runnable = 0, False
+    for k in range(samples):
+        ticks = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp, ..., utime (11), stime (12)
+                ticks += int(fields[11]) + int(fields[12])
+                runnable = runnable or fields[0] == "R"
+        if runnable:
+            break
+        time.sleep(0.01 * (k < samples - 1))
+    return ticks / _CLOCK_TICKS, runnable
 
 
 def _kill_group(pgid: int) -> None:

@@ -19,7 +19,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rewards.code import CodeReward, program_of
 from diffusion_rl.sandbox import limits
 from diffusion_rl.sandbox.limits import MEASURE_CPU_S, ReferenceTimes
-from diffusion_rl.sandbox.runner import Program, SandboxConfig, SandboxResult
+from diffusion_rl.sandbox.runner import Program, Sandbox, SandboxConfig, SandboxResult
 from diffusion_rl.tasks.mbpp import make_item
 from tests.conftest import FIXTURES
 
@@ -171,6 +171,18 @@ def test_an_infinite_loop_is_stopped_at_the_floor_and_reported_as_a_timeout(tmp_
     # stopped by its 1 CPU s (tick-accounted); the 15 s wall clock only where the machine is too busy to give it that
     assert ("CPU time limit of 1 s" in res[0].detail and 0.9 <= res[0].cpu_s < 2.5) or res[0].seconds < 17, res[0]
     assert scores == [0.0, 0.0]  # a timeout costs what a wrong answer costs; only the verdict differs
+
+
+def test_the_wall_clock_waits_for_a_program_that_is_still_computing():
+    """A busy machine stretches a computing program's wall time, not its CPU time: at the end of its
+    0.5 s wall clock a loop is still runnable and gets more (until its 1 CPU s, or 10 x 0.5 s), while a
+    program that sleeps is stopped by its wall clock, long before 10 of them."""
+    with Sandbox(SandboxConfig(**SMALL, cpu_floor_s=1, timeout_s=0.5)) as sb:
+        loop = sb.run_one(Program("while True:\n    pass\n", ("assert True",)))
+    with Sandbox(SandboxConfig(**SMALL, cpu_floor_s=1, timeout_s=2.0)) as sb:
+        sleeping = sb.run_one(Program("import time\ntime.sleep(60)\n", ("assert True",)))
+    assert loop.reason == "timeout" and loop.seconds > 1.0, loop  # 1 CPU s takes at least 1 s: it was extended
+    assert (sleeping.reason, sleeping.detail) == ("timeout", "wall-clock limit of 2 s") and sleeping.seconds < 10, sleeping
 
 
 def test_rollouts_count_timeouts(tmp_path):
