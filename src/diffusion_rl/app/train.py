@@ -155,11 +155,12 @@ def build_task(task_cfg: Any) -> Task:
 
 def warm_start_key(cfg: DictConfig) -> dict[str, Any]:
     """What besides ``warmstart.*`` (its seed included) shapes a warm start (its cache key): the model and
-    the task's data. The RL seed does not: every RL seed of a comparison shares one warm start."""
+    the task's data. The RL seed does not: every RL seed of a comparison shares one warm start, and
+    neither do the code tasks' sandbox settings (limits, workers, cache folder: scoring, not training)."""
     task = dict(OmegaConf.to_container(cfg.task, resolve=True))  # type: ignore[arg-type]
     return {"model": OmegaConf.to_container(cfg.model, resolve=True),
             "task": {k: v for k, v in task.items()
-                     if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test")}}
+                     if k not in ("group_size", "prompts_per_batch", "eval_batch_size", "num_test", "sandbox")}}
 
 
 def build(cfg: DictConfig, meta: bool = False) -> Components:

@@ -18,25 +18,30 @@ the prompt, as the original HumanEval completions are.
 Item fields (the code tasks' items carry them): ``tests`` (statements the harness runs),
 ``remote_names`` (names the tests call that the program must define: the entry point),
 ``prompt_code``, ``setup`` (runs after the program, in its process: MBPP's ``test_setup_code``) and
-``trusted_setup`` (runs in the harness before the tests). Results are cached by program and tests
-(an LRU of 4096), so the composite reward, the metrics and the generations file run each program
-once.
+``trusted_setup`` (runs in the harness before the tests) and ``reference`` (the item's reference
+solution, as a completion). A program's CPU limit is its item's (``sandbox/limits.py``):
+``max(cpu_floor_s, cpu_factor x`` the reference's measured CPU time``)``, measured the first time the
+item is scored on this machine; an item without ``reference`` gets ``cpu_floor_s``. A program over its
+limit scores 0 like a wrong one, with the verdict ``timeout`` (not ``failed``). Results are cached by
+program and tests (an LRU of 4096), so the composite reward, the metrics and the generations file
+run each program once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from diffusion_rl.rewards.answer import column, completion_text
+from diffusion_rl.sandbox.limits import ReferenceTimes
 from diffusion_rl.sandbox.runner import Program, Sandbox, SandboxConfig, SandboxResult
 
 CORRECT_REWARD = 1.0
 CACHE_SIZE = 4096
+ITEM_FIELDS = ("tests", "remote_names", "prompt_code", "setup", "trusted_setup", "reference", "task_id")
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n")
 
 
@@ -86,12 +91,13 @@ class CodeReward:
 
     def __init__(self, cfg: SandboxConfig | None = None):
         self.sandbox = Sandbox(cfg)
+        self.references = ReferenceTimes(self.sandbox, self.sandbox.cfg.cache_dir)
         self._cache: OrderedDict[str, SandboxResult] = OrderedDict()
 
     def results(self, completions: Sequence[Any], items: Sequence[dict[str, Any]]) -> list[SandboxResult]:
         """One :class:`SandboxResult` per completion (cached; the uncached ones run in parallel)."""
-        programs = [program_of(c, it) for c, it in zip(completions, items)]
-        keys = [_key(p) for p in programs]
+        programs = self._with_limits([program_of(c, it) for c, it in zip(completions, items)], items)
+        keys = [p.digest() for p in programs]
         todo = {k: p for k, p in zip(keys, programs) if k not in self._cache and p.tests}
         if todo:
             for k, res in zip(todo, self.sandbox.run(list(todo.values()))):
@@ -107,12 +113,24 @@ class CodeReward:
             self._cache.popitem(last=False)
         return out
 
+    def _with_limits(self, programs: list[Program], items: Sequence[dict[str, Any]]) -> list[Program]:
+        """Each program with its item's CPU limit, from the item's reference solution."""
+        cfg = self.sandbox.cfg
+        timed = [i for i, it in enumerate(items) if it.get("reference") and programs[i].tests]
+        if cfg.cpu_factor == 0 or not timed:
+            return programs  # every program gets the floor
+        refs = [program_of(items[i]["reference"], items[i]) for i in timed]
+        seconds = self.references.seconds(refs, [f"task {items[i].get('task_id', '?')}" for i in timed])
+        out = list(programs)
+        for i, t in zip(timed, seconds):
+            out[i] = replace(programs[i], cpu_s=cfg.cpu_limit(t))
+        return out
+
     def _score(self, completions: Sequence[Any], fields: dict[str, Any], partial: bool) -> list[float]:
         comps = list(completions) if isinstance(completions, Sequence) and not isinstance(completions, str) else []
         n = len(comps)
-        names = ("tests", "remote_names", "prompt_code", "setup", "trusted_setup")
-        cols = {k: column(fields.get(k), n) for k in names}
-        items = [{k: cols[k][i] for k in names} for i in range(n)]
+        cols = {k: column(fields.get(k), n) for k in ITEM_FIELDS}
+        items = [{k: cols[k][i] for k in ITEM_FIELDS} for i in range(n)]
         res = self.results(comps, items)
         if partial:
             return [r.tests_passed / r.tests_total if r.tests_total else 0.0 for r in res]
@@ -129,7 +147,3 @@ class CodeReward:
     def close(self) -> None:
         self.sandbox.close()
 
-
-def _key(p: Program) -> str:
-    blob = json.dumps([p.code, p.tests, p.setup, p.trusted_setup, p.remote_names])
-    return hashlib.sha256(blob.encode()).hexdigest()

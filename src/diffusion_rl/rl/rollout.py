@@ -27,7 +27,9 @@ sampler's cost:
 - ``rollout/forward_tokens_per_sample``: query positions each sample sent through the model, the
   measure of forward FLOPs (a cached step runs a block, not the whole sequence);
 - ``rollout/tokens_per_forward``: completion tokens per forward pass (``gen_length / forwards``);
-- ``rollout/filled_frac``: share of completion tokens set to EOS without a forward (``stop_after_eos``).
+- ``rollout/filled_frac``: share of completion tokens set to EOS without a forward (``stop_after_eos``);
+- ``reward/*``: the task's metrics of its rewards on every row drawn (``Task.reward_metrics``: the code
+  tasks' ``reward/timeout_frac``, programs stopped by their time limit).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class RolloutEngine:
         t_score = time.perf_counter()
         texts = decode_completions(tok, completion, eos)
         rewards, components = self.task.score(texts, group_items)  # (n,), {name: (n,)}
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = self.task.reward_metrics(texts, group_items)  # of every row drawn
         if self.truncated_reward is not None:  # no EOS: the completion ran out of canvas
             cut = ~(completion == eos).any(-1)  # (n,)
             rewards = torch.where(cut.to(rewards.device), torch.tensor(self.truncated_reward, dtype=rewards.dtype,
@@ -165,8 +167,8 @@ class RolloutEngine:
             "throughput/tokens_per_s": generated / max(t_roll, 1e-9),
         })
         metrics.update(cost_metrics(cost, n_generated, completion.shape[1]))
-        if shard.world_size > 1:  # per-process metrics of the selection and cost: mean over equal shares
-            keys = [k for k in metrics if k.startswith(("egspo/", "rollout/"))]
+        if shard.world_size > 1:  # per-process metrics of the rewards, selection and cost: mean over equal shares
+            keys = [k for k in metrics if k.startswith(("egspo/", "rollout/", "reward/"))]
             vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
             metrics.update(zip(keys, (vals / shard.world_size).tolist()))
         return replace(

@@ -245,6 +245,7 @@ class Supervisor:
         self.max_output, self.keep_output = max_output, keep_output
         self.output, self.output_bytes, self.buf = bytearray(), 0, b""
         self.lost: str | None = None  # why the runner is gone, remembered even if a test swallows the exception
+        self.cpu_s = 0.0  # the runner's CPU seconds (user + system), known once it is reaped
 
     def _drain(self) -> None:
         chunk = os.read(self.out_fd, 1 << 16)
@@ -298,11 +299,13 @@ class Supervisor:
         return self.reap(grace_s)
 
     def reap(self, grace_s: float | None = None) -> int:
-        """The runner's wait status, draining its output meanwhile; after ``grace_s`` it is killed."""
+        """The runner's wait status, draining its output meanwhile; after ``grace_s`` it is killed.
+        Sets :attr:`cpu_s`, the CPU time the kernel charged the runner (what ``RLIMIT_CPU`` counts)."""
         deadline = None if grace_s is None else time.monotonic() + grace_s
         while True:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
             if pid:
+                self.cpu_s = usage.ru_utime + usage.ru_stime
                 break
             if deadline is not None and time.monotonic() > deadline:
                 os.kill(self.pid, 9)  # SIGKILL

@@ -228,18 +228,19 @@ def supervise(job: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
     except harness.RunnerGone:  # dead, or alive after SystemExit in a call: tell it to go
         report, status = {}, sup.finish()
     report.setdefault("tests_total", len(spec["tests"]))
-    return {**_verdict(report, status, sup), "output": sup.output.decode("utf-8", "replace")}
+    return {**_verdict(report, status, sup, job["limits"]["cpu_s"]), "output": sup.output.decode("utf-8", "replace"),
+            "cpu_s": round(sup.cpu_s, 4)}
 
 
-def _verdict(report: dict[str, Any], status: int, sup: harness.Supervisor) -> dict[str, Any]:
+def _verdict(report: dict[str, Any], status: int, sup: harness.Supervisor, cpu_s: int) -> dict[str, Any]:
     """Passed only if every test passed, the runner was still there for all of them, and it exited 0
     when told to."""
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status)).name
         if report.get("reason") == "output_limit":
             return report
-        if sig == "SIGXCPU":
-            return {**report, "reason": "timeout", "detail": "CPU time limit"}
+        if sig == "SIGXCPU" or (sig == "SIGKILL" and sup.cpu_s >= cpu_s):  # SIGKILL: past the hard limit (SIGXCPU ignored)
+            return {**report, "reason": "timeout", "detail": f"CPU time limit of {cpu_s} s"}
         return {**report, "reason": "killed", "detail": f"the program's process died of {sig}"}
     code = os.WEXITSTATUS(status)
     if sup.lost == "output_limit":

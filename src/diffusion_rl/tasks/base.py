@@ -187,6 +187,11 @@ class Task(ABC):
             total += weight * components[name]
         return total, components
 
+    def reward_metrics(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """``reward/*`` metrics of a rollout's completions, means over them, right after :meth:`score`
+        (the code tasks' ``reward/timeout_frac``); none by default."""
+        return {}
+
     def rewards(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> torch.Tensor:
         """Composite reward per completion, shape ``(N,)``."""
         return self.score(completions, items)[0]

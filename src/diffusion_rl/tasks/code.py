@@ -19,7 +19,9 @@ metric), ``tests`` (the fraction of tests passed). Programs run in the sandbox c
 ``detail``, tests passed, seconds, captured output) goes to the generations files as ``sandbox``.
 
 Items carry the fields ``rewards/code.py`` reads: ``tests``, ``remote_names``, ``prompt_code``,
-``setup``, ``trusted_setup``.
+``setup``, ``trusted_setup`` and ``reference`` (the reference solution as a completion: its CPU time,
+measured once per machine, sets the item's CPU limit, ``sandbox/limits.py``). A program over its
+limit scores 0 with the verdict ``timeout``; rollouts log the share as ``reward/timeout_frac``.
 """
 
 from __future__ import annotations
@@ -104,6 +106,12 @@ class CodeTask(TextTask):
 
     def details(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"sandbox": r.as_dict()} for r in self.code_reward.results(completions, items)]
+
+    def reward_metrics(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """``reward/timeout_frac``: the share of programs stopped by their CPU or wall-clock limit (reward 0,
+        as a wrong program; a rise says the limits, or the machine's load, cost correct programs)."""
+        results = self.code_reward.results(completions, items)  # the verdicts the rewards just used (cached)
+        return {"reward/timeout_frac": sum(r.reason == "timeout" for r in results) / max(len(results), 1)}
 
     def metrics(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> dict[str, float]:
         """``pass@1`` (greedy: the share of programs passing every test), the mean ``reward``, the mean

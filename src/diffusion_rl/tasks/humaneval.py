@@ -44,6 +44,7 @@ def make_item(p: dict[str, Any]) -> dict[str, Any]:
         "canonical_solution": p["canonical_solution"],
         "tests": [f"{p['test']}\ncheck({entry})\n"], "remote_names": [entry],
         "prompt_code": p["prompt"], "trusted_setup": p["prompt"], "setup": "",
+        "reference": p["canonical_solution"],  # timed once per machine: the problem's CPU limit (sandbox/limits.py)
     }
 
 

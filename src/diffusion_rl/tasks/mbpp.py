@@ -12,7 +12,8 @@ Tests: the three ``assert`` lines, run one by one in the sandbox's harness (``te
 builds the program's own objects, runs in the program's process first); the names they call that
 the reference solution defines (the entry point, sometimes a class) come from the program. Chat
 prompt: EvalPlus's MBPP form, the text and the first test in a docstring; compact prompt: the first
-test. Targets: the reference solution.
+test. Targets: the reference solution, whose measured CPU time sets the problem's CPU limit
+(``sandbox/limits.py``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def make_item(row: dict[str, Any], where: str) -> dict[str, Any]:
     return {
         "task_id": int(row["task_id"]), "text": row["text"], "code": code, "test_list": tests,
         "tests": tests, "remote_names": names, "setup": (row.get("test_setup_code") or "").replace("\r\n", "\n"),
-        "prompt_code": "", "trusted_setup": "",
+        "prompt_code": "", "trusted_setup": "", "reference": code,
     }
 
 

@@ -303,6 +303,9 @@ class TextTask:
     def canvas(self, items, tokenizer, length, mask_id):
         return None  # pins nothing (Task.canvas)
 
+    def reward_metrics(self, completions, items):
+        return {}  # none (Task.reward_metrics)
+
 
 ITEMS = [{"prompt": "1203="}, {"prompt": "0000000="}]  # different lengths: left padding is exercised
 

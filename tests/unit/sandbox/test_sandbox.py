@@ -28,7 +28,7 @@ from diffusion_rl.sandbox import harness
 from diffusion_rl.sandbox.runner import INIT, Program, Sandbox, SandboxConfig
 from tests.conftest import ROOT
 
-TIGHT = SandboxConfig(workers=2, timeout_s=6.0, cpu_s=1, memory_mb=256, file_size_mb=8, disk_mb=16, max_processes=8,
+TIGHT = SandboxConfig(workers=2, timeout_s=6.0, cpu_floor_s=1, memory_mb=256, file_size_mb=8, disk_mb=16, max_processes=8,
                       max_open_files=32, max_output_bytes=1 << 16, keep_output_bytes=1 << 16)
 GOOD = Program("def f(x):\n    return x + 1\n", ("assert f(1) == 2", "assert f(2) == 3"))
 TEST = ("assert f(1) == 2",)
@@ -307,8 +307,8 @@ def test_unprivileged_user_namespace_path(tmp_path):
     os.chmod(tests, 0o644)
     code = "import os\nprint(os.getppid(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n" \
            "def f(x):\n    return 2\n"
-    job = {"program": code, "limits": {k: getattr(TIGHT, k) for k in ("cpu_s", "memory_mb", "file_size_mb", "disk_mb",
-                                                                    "max_processes", "max_open_files")},
+    limits = {k: getattr(TIGHT, k) for k in ("memory_mb", "file_size_mb", "disk_mb", "max_processes", "max_open_files")}
+    job = {"program": code, "limits": {**limits, "cpu_s": TIGHT.cpu_floor_s},
            "isolation": "strict", "uid": 0, "workdir": str(tmp_path), "max_output": 4096, "keep_output": 4096}
     with open(tests, "rb") as f:
         job["tests_fd"] = f.fileno()
