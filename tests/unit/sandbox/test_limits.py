@@ -136,9 +136,11 @@ def test_code_reward_measures_each_item_once_and_only_with_a_reference(tmp_path)
 
 # ---- what the limits are for ----------------------------------------------------------------------
 def test_a_slow_correct_reference_passes_under_load_where_a_global_limit_fails_it(tmp_path):
-    """The reference takes ~1.3 CPU s; with two burners beside it, the per-task limit (4 x its time)
-    passes it, and the global 1 s limit, the same for every task, stops it."""
-    item = slow_item(1.3)
+    """The reference takes ~2.5 CPU s; with two burners beside it, the per-task limit (4 x its time)
+    passes it, and the global 1 s limit, the same for every task, stops it. The margin is wide because
+    the calibration in this process and the run in the sandbox can differ by tens of percent (a CI
+    machine once ran a 1.3 s calibration in 0.98 s)."""
+    item = slow_item(2.5)
     per_task = CodeReward(SandboxConfig(**SMALL, cpu_floor_s=1, cpu_factor=4.0, cache_dir=str(tmp_path)))
     per_task.references.repeats = 1  # the most of several runs: tested above; here one keeps the test short
     one_limit = CodeReward(SandboxConfig(**SMALL, cpu_floor_s=1, cpu_factor=0.0))
@@ -151,7 +153,7 @@ def test_a_slow_correct_reference_passes_under_load_where_a_global_limit_fails_i
     finally:
         per_task.close()
         one_limit.close()
-    assert ref_s > 1.0, f"the fixture's reference took {ref_s:.2f} CPU s, not more than the 1 s floor"
+    assert ref_s > 1.5, f"the fixture's reference took {ref_s:.2f} CPU s, not clearly more than the 1 s floor"
     assert ok.passed and ok.cpu_limit_s == per_task.sandbox.cfg.cpu_limit(ref_s) >= 4, ok
     assert reward == [1.0]
     assert (cut.passed, cut.reason, cut.cpu_limit_s) == (False, "timeout", 1), cut
