@@ -1,4 +1,4 @@
-"""Test-only transcriptions of the LLaDA, Dream and SDAR forwards from docs/methods.md §9, written
+"""Test-only transcriptions of the LLaDA, Dream, SDAR and LLaDA2 forwards from docs/methods.md §9, written
 as plainly as possible and sharing no code with ``src/diffusion_rl/models``: loops over sequences,
 heads and positions, the norm / rotary / softmax / SiLU formulas spelled out, weights read by their
 released names. Slow, fp32, for tiny models only.
@@ -19,11 +19,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * weight
 
 
-def rotate(vec: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE of one head vector: channel ``i`` pairs with ``i + Dh/2`` at frequency ``theta^(-2i/Dh)``."""
-    dh = vec.shape[0]
+def rotate(vec: torch.Tensor, pos: int, theta: float, width: int | None = None) -> torch.Tensor:
+    """Rotate-half RoPE of one head vector: channel ``i`` pairs with ``i + W/2`` at frequency
+    ``theta^(-2i/W)``; only the first ``width`` (W, default all) channels turn, the rest pass (LLaDA2)."""
+    dh = width or vec.shape[0]
     half = dh // 2
-    out = torch.empty_like(vec)
+    out = vec.clone()
     for i in range(half):
         angle = pos / theta ** (2 * i / dh)
         c, s = math.cos(angle), math.sin(angle)
@@ -32,7 +33,8 @@ def rotate(vec: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     return out
 
 
-def attention(q, k, v, heads: int, kv_heads: int, allowed, positions, theta: float, q_norm=None, k_norm=None):
+def attention(q, k, v, heads: int, kv_heads: int, allowed, positions, theta: float, q_norm=None, k_norm=None,
+              rope_width: int | None = None):
     """q (B, L, heads*Dh), k / v (B, L, kv_heads*Dh) -> (B, L, heads*Dh), one query at a time."""
     B, L, _ = q.shape
     dh = q.shape[-1] // heads
@@ -45,13 +47,13 @@ def attention(q, k, v, heads: int, kv_heads: int, allowed, positions, theta: flo
                 kj = k[b, j, g * dh:(g + 1) * dh]
                 if k_norm is not None:
                     kj = k_norm(kj)
-                keys.append(rotate(kj, positions[b][j], theta))
+                keys.append(rotate(kj, positions[b][j], theta, rope_width))
                 values.append(v[b, j, g * dh:(g + 1) * dh])
             for i in range(L):
                 qi = q[b, i, h * dh:(h + 1) * dh]
                 if q_norm is not None:
                     qi = q_norm(qi)
-                qi = rotate(qi, positions[b][i], theta)
+                qi = rotate(qi, positions[b][i], theta, rope_width)
                 js = [j for j in range(L) if allowed(b, i, j)]
                 scores = torch.stack([(qi * keys[j]).sum() / math.sqrt(dh) for j in js])
                 w = torch.exp(scores - scores.max())
@@ -109,6 +111,60 @@ def qwen_forward(sd: dict, cfg: dict, ids: torch.Tensor, allowed, positions) -> 
     return rms_norm(x, sd["model.norm.weight"], eps) @ head.T
 
 
+def llada2_route(scores: list[float], bias: list[float], cfg: dict, rule: str = "released") -> dict[int, float]:
+    """One token's experts and weights from its sigmoid scores, as the released router does: the bias
+    only chooses; groups ranked by their two best biased scores; the weights are the chosen unbiased
+    scores over their sum, times routed_scaling_factor. ``rule`` names a wrong variant (for tests that
+    show a routing mistake is caught): ``biased_weights``, ``no_groups``, ``unnormalised``."""
+    E, G = len(scores), cfg["n_group"]
+    per = E // G
+    biased = [s + b for s, b in zip(scores, bias)]
+    groups = list(range(G))
+    if rule != "no_groups":
+        rank = sorted(range(G), key=lambda g: -sum(sorted(biased[g * per:(g + 1) * per])[-2:]))
+        groups = rank[:cfg["topk_group"]]
+    candidates = [e for g in groups for e in range(g * per, (g + 1) * per)]
+    chosen = sorted(candidates, key=lambda e: -biased[e])[:cfg["num_experts_per_tok"]]
+    raw = {e: (biased if rule == "biased_weights" else scores)[e] for e in chosen}
+    total = sum(raw.values()) if rule != "unnormalised" else 1.0
+    return {e: w / total * cfg["routed_scaling_factor"] for e, w in raw.items()}
+
+
+def llada2_forward(sd: dict, cfg: dict, ids: torch.Tensor, allowed, positions, rule: str = "released") -> torch.Tensor:
+    """LLaDA2: fused q/k/v heads, per-head RMSNorm of q and k before a rotary over the first
+    ``head_dim * partial_rotary_factor`` channels; a dense SwiGLU in the first ``first_k_dense_replace``
+    layers, then routed experts (:func:`llada2_route`, one token at a time) plus the shared expert."""
+    heads, kv_heads, dh = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, theta, width = cfg["rms_norm_eps"], cfg["rope_theta"], int(cfg["head_dim"] * cfg["partial_rotary_factor"])
+
+    def swiglu(prefix: str, t: torch.Tensor) -> torch.Tensor:
+        return (silu(t @ sd[prefix + "gate_proj.weight"].T) * (t @ sd[prefix + "up_proj.weight"].T)) @ sd[prefix + "down_proj.weight"].T
+
+    x = sd["model.word_embeddings.weight"][ids]
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        n = rms_norm(x, sd[p + "input_layernorm.weight"], eps)
+        fused = n @ sd[p + "attention.query_key_value.weight"].T  # (B, L, (heads + 2 kv_heads) * dh)
+        q, k, v = fused.split([heads * dh, kv_heads * dh, kv_heads * dh], dim=-1)
+        qn, kn = sd[p + "attention.query_layernorm.weight"], sd[p + "attention.key_layernorm.weight"]
+        a = attention(q, k, v, heads, kv_heads, allowed, positions, theta, lambda t: rms_norm(t, qn, eps),
+                      lambda t: rms_norm(t, kn, eps), rope_width=width)
+        h = x + a @ sd[p + "attention.dense.weight"].T
+        n = rms_norm(h, sd[p + "post_attention_layernorm.weight"], eps)
+        if layer < cfg["first_k_dense_replace"]:
+            x = h + swiglu(p + "mlp.", n)
+            continue
+        out = swiglu(p + "mlp.shared_experts.", n)
+        bias = sd[p + "mlp.gate.expert_bias"].tolist()
+        for b in range(n.shape[0]):
+            for i in range(n.shape[1]):
+                scores = (1 / (1 + torch.exp(-(sd[p + "mlp.gate.weight"] @ n[b, i])))).tolist()
+                for e, w in llada2_route(scores, bias, cfg, rule).items():
+                    out[b, i] = out[b, i] + w * swiglu(p + f"mlp.experts.{e}.", n[b, i])
+        x = h + out
+    return rms_norm(x, sd["model.norm.weight"], eps) @ sd["lm_head.weight"].T
+
+
 def padded_positions(keep: torch.Tensor) -> list[list[int]]:
     """Positions that skip left padding: the n-th real token of a row is at n (padding at 0)."""
     rows = []
@@ -164,7 +220,7 @@ def released_model(arch: str, folder, tmp_path):
 
     from diffusion_rl.models.hf import post_init_shim
 
-    name = "AutoModelForCausalLM" if arch == "sdar" else "AutoModel"
+    name = "AutoModelForCausalLM" if arch in ("sdar", "llada2") else "AutoModel"
     try:
         with auto_registries_restored(), rope_default_restored():
             auto_map = json.loads((dst / "config.json").read_text())["auto_map"]

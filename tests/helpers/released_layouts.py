@@ -33,28 +33,40 @@ CHARS = [c for c in string.printable if c not in "\x0b\x0c\r"]  # every task's t
 RELEASE = {
     "llada": "LLaDA-8B-Instruct", "llada_1_5": "LLaDA-1.5", "dream": "Dream-v0-Instruct-7B",
     "sdar": "SDAR-8B-Chat", "sdar_4b": "SDAR-4B-Chat", "sdar_1_7b": "SDAR-1.7B-Chat",
+    "llada2": "LLaDA2.0-mini", "llada2_1": "LLaDA2.1-mini",
     # no public copy of these checkpoints' files was found (SOURCES.json): the released files of the
     # model each was trained from stand in
     "diffucoder": "Dream-v0-Instruct-7B", "trado": "SDAR-8B-Chat", "trado_4b": "SDAR-4B-Chat",
 }
-FAMILY = {a: "llada" if a.startswith("llada") else "sdar" if a.startswith(("sdar", "trado")) else "dream"
-          for a in RELEASE}
+FAMILY = {a: "llada2" if a.startswith("llada2") else "llada" if a.startswith("llada")
+          else "sdar" if a.startswith(("sdar", "trado")) else "dream" for a in RELEASE}
 PRESET = {  # model=<preset> -> the layout its test loads
     "llada_8b_instruct": "llada", "llada_1_5": "llada_1_5", "dream_7b_instruct": "dream",
     "diffucoder_7b_instruct": "diffucoder", "sdar_8b_chat": "sdar", "sdar_4b_chat": "sdar_4b",
     "sdar_1_7b_chat": "sdar_1_7b", "trado_8b_instruct": "trado", "trado_4b_instruct": "trado_4b",
+    "llada2_mini": "llada2", "llada2_1_mini": "llada2_1",
 }
-# model.block_size for a layout loaded without its preset: the SDAR presets' 4 (SDAR's released config.json
-# names no block size; conf/model/sdar_8b_chat.yaml says where 4 comes from)
-BLOCK_SIZE = {a: 4 if FAMILY[a] == "sdar" else 0 for a in RELEASE}
+# model.block_size for a layout loaded without its preset: the SDAR presets' 4 and the LLaDA2 presets' 32
+# (neither released config.json names one; conf/model/sdar_8b_chat.yaml, llada2_mini.yaml say where from)
+BLOCK_SIZE = {a: {"sdar": 4, "llada2": 32}.get(FAMILY[a], 0) for a in RELEASE}
 TINY = {  # the sizes, and only those, differ from the released config.json; grouped-query attention kept
     "llada": {"d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 48},
     "dream": {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
               "intermediate_size": 48, "max_window_layers": 2},
     "sdar": {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
              "num_hidden_layers": 2, "intermediate_size": 48, "max_window_layers": 2},
+    # one dense layer then two mixture-of-experts layers: 8 experts in 4 groups, 2 groups kept, 2 per token
+    "llada2": {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+               "num_hidden_layers": 3, "intermediate_size": 48, "moe_intermediate_size": 16, "num_experts": 8,
+               "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "rotary_dim": 8},
 }
-VOCAB = {"llada": ("vocab_size", "embedding_size"), "dream": ("vocab_size",), "sdar": ("vocab_size",)}
+VOCAB = {"llada": ("vocab_size", "embedding_size"), "dream": ("vocab_size",), "sdar": ("vocab_size",),
+         "llada2": ("vocab_size",)}
+# LLaDA2's tokenizer_config.json lists no added tokens and its tokenizer.json is not in a public copy: the
+# special tokens its special_tokens_map.json and chat template name, at stand-in ids, except the two
+# docs/methods.md §9 gives (<|endoftext|> 156892 = EOS = pad, <|mask|> 156895)
+LLADA2_SPECIALS = {156891: "<|startoftext|>", 156892: "<|endoftext|>", 156893: "[CLS]", 156894: "[gMASK]",
+                   156895: "<|mask|>", 156896: "<|role_end|>"}
 ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
@@ -65,13 +77,15 @@ def fixture(arch: str, name: str) -> dict:
 
 def specials(arch: str) -> dict[int, str]:
     """Released id -> token of every added token the released tokenizer config lists."""
+    if FAMILY[arch] == "llada2":
+        return dict(LLADA2_SPECIALS)
     added = fixture(arch, "tokenizer_config.json")["added_tokens_decoder"]
     return {int(i): t["content"] for i, t in added.items()}
 
 
 def n_regular(arch: str) -> int:
     """Regular tokens before the fillers: characters (LLaDA's word-level stand-in) or the 256 byte symbols."""
-    return len(CHARS) if FAMILY[arch] == "llada" else 256
+    return len(CHARS) if FAMILY[arch] in ("llada", "llada2") else 256
 
 
 def small_ids(arch: str) -> dict[int, int]:
@@ -110,6 +124,8 @@ def released_weights(arch: str, cfg: dict, seed: int = 0) -> dict[str, torch.Ten
                            p + "ff_proj.weight": (h, d), p + "up_proj.weight": (h, d), p + "ff_out.weight": (d, h)})
         shapes["model.transformer.ln_f.weight"] = (d,)
         shapes["model.transformer.ff_out.weight"] = (V, d)
+    elif arch == "llada2":
+        shapes.update(llada2_shapes(cfg))
     else:
         d, m, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
         hd = cfg.get("head_dim") or d // cfg["num_attention_heads"]
@@ -132,12 +148,47 @@ def released_weights(arch: str, cfg: dict, seed: int = 0) -> dict[str, torch.Ten
             shapes["lm_head.weight"] = (V, d)
     out = {}
     for name, shape in shapes.items():
-        if len(shape) == 1 and "norm" in name:
+        if name.endswith("expert_bias"):  # fp32 as released; large enough to change which experts are chosen
+            out[name] = 0.2 * torch.randn(shape, generator=g)
+        elif name.endswith("mlp.gate.weight"):  # router scores spread over (0, 1), not all near 0.5
+            out[name] = 0.3 * torch.randn(shape, generator=g)
+        elif "experts." in name:  # the experts' share of the output large enough that routing shows in logits
+            out[name] = 0.2 * torch.randn(shape, generator=g)
+        elif len(shape) == 1 and "norm" in name:
             out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
         else:
             out[name] = 0.02 * torch.randn(shape, generator=g) if "bias" not in name else 0.1 * torch.randn(shape, generator=g)
-    out = {k: v * 10 if k.endswith(("wte.weight", "embed_tokens.weight")) else v for k, v in out.items()}  # unit-ish activations
+    out = {k: v * 10 if k.endswith(("wte.weight", "embed_tokens.weight", "word_embeddings.weight")) else v
+           for k, v in out.items()}  # unit-ish activations
     return out
+
+
+def llada2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """LLaDA2's released key names (model.safetensors.index.json) and shapes."""
+    d, V, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
+    h, kv, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_experts"]
+    m, moe_m = cfg["intermediate_size"], cfg["moe_intermediate_size"]
+    shapes: dict[str, tuple[int, ...]] = {"model.word_embeddings.weight": (V, d)}
+
+    def swiglu(prefix: str, width: int) -> None:
+        shapes.update({prefix + "gate_proj.weight": (width, d), prefix + "up_proj.weight": (width, d),
+                       prefix + "down_proj.weight": (d, width)})
+
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
+                       p + "attention.query_key_value.weight": ((h + 2 * kv) * hd, d),
+                       p + "attention.query_layernorm.weight": (hd,), p + "attention.key_layernorm.weight": (hd,),
+                       p + "attention.dense.weight": (d, h * hd)})
+        if i < cfg["first_k_dense_replace"]:
+            swiglu(p + "mlp.", m)
+            continue
+        shapes.update({p + "mlp.gate.weight": (E, d), p + "mlp.gate.expert_bias": (E,)})
+        for e in range(E):
+            swiglu(p + f"mlp.experts.{e}.", moe_m)
+        swiglu(p + "mlp.shared_experts.", moe_m * cfg["num_shared_experts"])
+    shapes.update({"model.norm.weight": (d,), "lm_head.weight": (V, d)})
+    return shapes
 
 
 def write_weights(folder: Path, weights: dict[str, torch.Tensor], shards: int = 2) -> None:
@@ -170,14 +221,14 @@ def write_tokenizer(arch: str, folder: Path, real_ids: bool = True) -> None:
             shutil.copyfile(src, folder / name)
             continue
         data = json.loads(src.read_text())
-        if name == "tokenizer_config.json":
+        if name == "tokenizer_config.json" and "added_tokens_decoder" in data:
             data["added_tokens_decoder"] = {str(new(int(i))): t for i, t in data["added_tokens_decoder"].items()}
         elif name == "added_tokens.json":
             data = {t: new(i) for t, i in data.items()}
         (folder / name).write_text(json.dumps(data, indent=1))
     tokens = {new(i): t for i, t in specials(arch).items()}
     first, last = min(tokens), max(tokens)
-    if FAMILY[arch] == "llada":
+    if FAMILY[arch] in ("llada", "llada2"):
         from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
         vocab = {c: i for i, c in enumerate(CHARS)}

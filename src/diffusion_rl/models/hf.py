@@ -248,6 +248,9 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = eos_id
     if isinstance(model, NativeLM):
+        if not cfg.train_router:
+            for p in model.router_parameters():
+                p.requires_grad_(False)
         net, block_size = native_net(model, cfg)
         return PolicyBundle(net, tokenizer, mask_id, eos_id, int(tokenizer.pad_token_id), block_size, True)
     impl = getattr(model.config, "_attn_implementation", None) or "eager"

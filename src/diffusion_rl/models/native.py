@@ -87,6 +87,7 @@ class NativeLM(PreTrainedModel):
     tokenizer_fallback: ClassVar[str | None] = None  # transformers class for a tokenizer shipped as code
     head_dim: int
     rope_theta: float
+    rope_dim: int | None = None  # rotary over the first rope_dim channels of a head (LLaDA2: 64 of 128); None: all
 
     @property
     def block_size(self) -> int:
@@ -120,6 +121,10 @@ class NativeLM(PreTrainedModel):
     def decoder_layers(self) -> nn.ModuleList:
         raise NotImplementedError
 
+    def router_parameters(self) -> list[nn.Parameter]:
+        """A mixture-of-experts model's router weights (frozen unless ``model.train_router``); none here."""
+        return []
+
     def final_norm(self) -> nn.Module:
         raise NotImplementedError
 
@@ -142,7 +147,7 @@ class NativeLM(PreTrainedModel):
         past = 0 if not past_key_values else past_key_values[0][0].shape[-2]
         mask, pos = attention_inputs(attention_mask, position_ids, B, L, past, input_ids.device,
                                      block_size=self.block_size, mask_padding=self.mask_padding)
-        cos, sin = rope_tables(pos, self.head_dim, self.rope_theta)  # (B, 1, L, Dh) each, fp32
+        cos, sin = rope_tables(pos, self.rope_dim or self.head_dim, self.rope_theta)  # (B, 1, L, Dh) each, fp32
         x = self.get_input_embeddings()(input_ids)  # (B, L, D)
         cache = KVCache()
         for i, layer in enumerate(self.decoder_layers()):

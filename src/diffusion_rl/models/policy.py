@@ -78,6 +78,9 @@ class ModelConfig:
     # module names (suffix match) or one regular expression (full match) for LoRA
     lora_targets: list[str] | str = field(default_factory=lambda: list(LORA_TARGETS))
     load_in_4bit: bool = False  # 4-bit NF4 base weights (bitsandbytes, CUDA), LoRA on top
+    # a mixture-of-experts model's router weights (LLaDA2's mlp.gate.weight) train too; off, they stay as
+    # released under full fine-tuning as under LoRA (the expert_bias buffer never trains)
+    train_router: bool = False
 
     def validate(self) -> None:
         for key in ("d_model", "n_layers", "n_heads", "max_len"):

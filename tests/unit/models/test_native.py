@@ -24,12 +24,12 @@ from diffusion_rl.models.native import NATIVE, NativeDiffusionLM
 from diffusion_rl.models.policy import ModelConfig
 from tests.helpers.released_layouts import BLOCK_SIZE, released_weights, write_checkpoint
 
-ARCHS = ("llada", "dream", "sdar", "diffucoder", "trado")  # the last two: Dream's and SDAR's architectures
+ARCHS = ("llada", "dream", "sdar", "diffucoder", "trado", "llada2")  # diffucoder, trado: Dream's and SDAR's
 CLASSES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM", "diffucoder": "DreamModel",
-           "trado": "SDARForCausalLM"}
+           "trado": "SDARForCausalLM", "llada2": "LLaDA2MoeModelLM"}
 PRESETS = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat",
-           "diffucoder": "diffucoder_7b_instruct", "trado": "trado_8b_instruct"}
-ATTENTION = {"llada": "native", "dream": "native", "sdar": "native", "diffucoder": "native", "trado": "native"}
+           "diffucoder": "diffucoder_7b_instruct", "trado": "trado_8b_instruct", "llada2": "llada2_mini"}
+ATTENTION = dict.fromkeys(ARCHS, "native")
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,9 @@ def ids_batch(vocab: int, B: int = 2, L: int = 8, seed: int = 0) -> torch.Tensor
 def load(folder: Path, **kwargs):
     discover_models()  # importing the architectures registers them with AutoConfig / AutoModel
     kwargs.setdefault("dtype", torch.float32)  # else config.json's (bfloat16, as released)
-    if json.loads((folder / "config.json").read_text())["model_type"] == "sdar":
-        kwargs.setdefault("block_size", BLOCK_SIZE["sdar"])  # the preset's: the released config.json names none
+    kind = json.loads((folder / "config.json").read_text())["model_type"]
+    if kind in ("sdar", "llada2_moe"):  # the preset's: the released config.json names none
+        kwargs.setdefault("block_size", BLOCK_SIZE["sdar" if kind == "sdar" else "llada2"])
     return AutoModel.from_pretrained(folder, trust_remote_code=False, **kwargs)
 
 
@@ -135,7 +136,8 @@ def test_a_wrong_model_type_fails_in_one_line(folders, arch, tmp_path):
     dst = tmp_path / "wrong"
     shutil.copytree(folders[arch], dst)
     cfg = json.loads((dst / "config.json").read_text())
-    other = {"llada": "Dream", "dream": "sdar", "sdar": "llada", "diffucoder": "sdar", "trado": "llada"}[arch]
+    other = {"llada": "Dream", "dream": "sdar", "sdar": "llada", "diffucoder": "sdar", "trado": "llada",
+             "llada2": "llada"}[arch]
     cls = NATIVE[cfg["model_type"]]
     (dst / "config.json").write_text(json.dumps({**cfg, "model_type": other}))
     with pytest.raises(ConfigError) as err:  # our class, handed another architecture's folder
@@ -170,8 +172,8 @@ def test_bundle_reads_the_special_ids_and_blocks_of_the_checkpoint(folders, arch
     b = build_policy(ModelConfig(name="hf", path=str(folders[arch]), attention=ATTENTION[arch], block_size=BLOCK_SIZE[arch]))
     cfg = json.loads((folders[arch] / "config.json").read_text())
     assert isinstance(b.net, NativeDiffusionLM) and b.custom_attention_mask
-    # SDAR's config.json names no mask id: its tokenizer's <|MASK|>; LLaDA's tokenizer names none
-    assert b.mask_token_id == cfg.get("mask_token_id", b.tokenizer.convert_tokens_to_ids("<|MASK|>"))
+    # SDAR's and LLaDA2's config.json name no mask id: their tokenizer's (<|MASK|>, <|mask|>); LLaDA's names none
+    assert b.mask_token_id == cfg.get("mask_token_id", b.tokenizer.mask_token_id)
     assert b.tokenizer.mask_token_id == (None if arch == "llada" else b.mask_token_id)
     assert b.block_size == BLOCK_SIZE[arch]
     assert b.eos_token_id == b.tokenizer.eos_token_id
@@ -203,7 +205,8 @@ def test_prefix_cache_gives_the_logits_of_the_full_forward(folders, arch):
     for a bidirectional one). Left padding in one row (not for LLaDA, which attends over it)."""
     b = build_policy(ModelConfig(name="hf", path=str(folders[arch]), attention=ATTENTION[arch], block_size=BLOCK_SIZE[arch]))
     net = b.net.eval()
-    L, P = 12, 8
+    P = max(8, b.block_size)  # the prefix ends at a block boundary
+    L = P + 4
     ids = ids_batch(net.config.vocab_size, L=L, seed=3)
     keep = torch.ones_like(ids)
     if arch != "llada":
@@ -217,7 +220,7 @@ def test_prefix_cache_gives_the_logits_of_the_full_forward(folders, arch):
         pre = net(input_ids=ids[:, :P], attention_mask=keep[:, :P], use_cache=True)
         rest = net(input_ids=ids[:, P:], attention_mask=keep, past_key_values=pre.past_key_values).logits
     torch.testing.assert_close(rest, full[:, P:], atol=1e-5, rtol=1e-5)
-    assert len(pre.past_key_values) == 2 and pre.past_key_values[0][0].shape[-2] == P
+    assert len(pre.past_key_values) == len(net.model.decoder_layers()) and pre.past_key_values[0][0].shape[-2] == P
 
 
 # ---- training options ------------------------------------------------------------------------------
@@ -231,7 +234,7 @@ def test_activation_checkpointing_gives_the_same_gradients(folders, arch):
         net = b.net.train()
         ids = ids_batch(net.config.vocab_size)
         net(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
-        grads[ckpt] = {n: p.grad.clone() for n, p in net.named_parameters()}
+        grads[ckpt] = {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
         if ckpt:
             assert all(layer.gradient_checkpointing for layer in net.model.decoder_layers())
     for n, g in grads[False].items():
@@ -252,13 +255,17 @@ def test_lora_targets_the_native_projections_and_fsdp_shards_decoder_layers(fold
     m.dtype, m.lora_r = "float32", 4
     b = build_policy(m)
     lora = {n.rsplit(".lora_A", 1)[0].rsplit(".", 1)[-1] for n, _ in b.net.named_parameters() if ".lora_A" in n}
-    expect = {"llada": {"q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"}}.get(
+    expect = {"llada": {"q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"},
+              "llada2": {"query_key_value", "dense", "gate_proj", "up_proj", "down_proj"}}.get(
         arch, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
     assert lora == expect
+    # LLaDA2: the dense layer and the shared experts, not the routed ones; never the routers
+    assert not any(".experts." in n or ".gate.lora" in n for n, _ in b.net.named_parameters() if "lora_" in n)
     head = "model.transformer.ff_out" if arch == "llada" else "lm_head"
     assert not any(head + ".lora" in n for n, _ in b.net.named_parameters())  # the output head stays frozen
     assert all("lora_" in n for n, p in b.net.named_parameters() if p.requires_grad)
-    assert {c.__name__ for c in decoder_layer_classes(b.net)} == {"llada": {"LLaDABlock"}}.get(arch, {"QwenDecoderLayer"})
+    assert {c.__name__ for c in decoder_layer_classes(b.net)} == {"llada": {"LLaDABlock"}, "llada2": {"LLaDA2DecoderLayer"}}.get(
+        arch, {"QwenDecoderLayer"})
 
 
 # ---- the presets of the models TraceRL and coupled-GRPO were published on ------------------------

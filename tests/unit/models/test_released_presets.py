@@ -23,7 +23,7 @@ from diffusion_rl.models.policy import ModelConfig, encode_prompts
 from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
 from tests.helpers.common import compose_cfg
-from tests.helpers.released_layouts import FAMILY, FIXTURES, PRESET, RELEASE, TINY, write_checkpoint
+from tests.helpers.released_layouts import BLOCK_SIZE, FAMILY, FIXTURES, PRESET, RELEASE, TINY, write_checkpoint
 
 SOURCES = json.loads((FIXTURES / "SOURCES.json").read_text())
 
@@ -77,21 +77,22 @@ def test_preset_loads_the_released_files_and_rolls_out(folders, preset, tmp_path
     released = json.loads((folder / "config.json").read_text())
     b = build_policy(preset_model(preset, folder, tmp_path))
     tok = b.tokenizer
-    # the mask id: config.json's (LLaDA, Dream), else the tokenizer's <|MASK|> (SDAR's config names none)
-    assert b.mask_token_id == (released.get("mask_token_id") or tok.convert_tokens_to_ids("<|MASK|>"))
-    assert b.mask_token_id == {"llada": 126336, "dream": 151666, "sdar": 151669}[FAMILY[arch]]
+    # the mask id: config.json's (LLaDA, Dream), else the tokenizer's (SDAR's <|MASK|>, LLaDA2's <|mask|>)
+    assert b.mask_token_id == (released.get("mask_token_id") or tok.mask_token_id)
+    assert b.mask_token_id == {"llada": 126336, "dream": 151666, "sdar": 151669, "llada2": 156895}[FAMILY[arch]]
     eos = {"diffucoder_7b_instruct": "<|im_end|>"}.get(preset, "<|endoftext|>")  # DiffuCoder's preset names it
     assert b.eos_token_id == tok.convert_tokens_to_ids(eos)
-    assert b.block_size == (4 if FAMILY[arch] == "sdar" else 0)
+    assert b.block_size == BLOCK_SIZE[arch]
     ids, mask = encode_prompts(tok, ["12+3=", "7*6="], pad_to_multiple_of=b.block_size)  # (2, P)
     net = b.net.eval()
     with torch.no_grad():
         logits = net(input_ids=ids, attention_mask=mask).logits  # (2, P, V)
         assert logits.shape == (*ids.shape, released["vocab_size"]) and torch.isfinite(logits).all()
-        cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.0)
+        gen = max(8, b.block_size)  # a whole number of the model's blocks
+        cfg = SamplerConfig(gen_length=gen, block_length=b.block_size or 4, steps=4, temperature=0.0)
         out = policy_generate(net, b.block_size, ids, mask, cfg, b.mask_token_id, RowNoise.rows(0, 0, 2),
                               eos_id=b.eos_token_id)
-    assert out.completion.shape == (2, 8) and not (out.completion == b.mask_token_id).any()
+    assert out.completion.shape == (2, gen) and not (out.completion == b.mask_token_id).any()
 
 
 def test_sdar_flex_attention_request_is_noted_once_not_refused(folders, tmp_path, caplog):
@@ -112,6 +113,7 @@ def test_sdar_flex_attention_request_is_noted_once_not_refused(folders, tmp_path
 
 @pytest.mark.parametrize("arch, key, value", [
     ("sdar", "attention_bias", True), ("llada", "block_type", "sequential"), ("sdar", "block_size", -4),
+    ("llada2", "use_qkv_bias", True), ("llada2", "n_group", 3), ("llada2", "partial_rotary_factor", 0.0),
 ])
 def test_a_bad_value_in_the_released_config_fails_in_one_line_naming_the_key(folders, tmp_path, arch, key, value):
     dst = tmp_path / "bad"

@@ -2,7 +2,7 @@
 checkpoints in the released layouts, two optimizer steps with every objective, LoRA on and off.
 
 The presets' bf16 weights are set to fp32 (bf16 matmuls are slow on CPU); everything else is the
-preset's (activation checkpointing, LoRA targets, attention). SDAR and TraDo, block models, score
+preset's (activation checkpointing, LoRA targets, attention). SDAR, TraDo and LLaDA2, block models, score
 sequences with the staircase estimator where the objective uses a sequence-level one. A random model scores 0
 on Sudoku cells, so every advantage would be 0 and nothing would move: the reward here is a
 deterministic function of the completion's characters instead, which varies within a group.
@@ -25,8 +25,10 @@ from tests.helpers.common import compose_cfg
 from tests.helpers.released_layouts import write_checkpoint
 
 PRESETS = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat",
-           "diffucoder": "diffucoder_7b_instruct", "trado": "trado_8b_instruct"}
-BLOCK = {"sdar", "trado"}  # block models: a sequence-level objective scores with the staircase
+           "diffucoder": "diffucoder_7b_instruct", "trado": "trado_8b_instruct", "llada2": "llada2_mini"}
+BLOCK = {"sdar", "trado", "llada2"}  # block models: a sequence-level objective scores with the staircase
+# LLaDA2's preset runs blocks of 32: one block of completion
+GEN = {"llada2": ["sampler.gen_length=32", "sampler.block_length=32"]}
 SMALL = [  # two prompts x 4 samples, 8 tokens, no warm start or evaluation: only the RL steps
     "task.num_train=64", "task.num_test=8", "task.prompts_per_batch=2", "task.group_size=4",
     "warmstart.enabled=false", "eval.before=false", "eval.after=false", "sampler.gen_length=8",
@@ -61,7 +63,7 @@ def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monk
     if objective in ("egspo", "egspo_sa"):
         extra.append("objective.K=2")  # the public K = 8 exceeds the small sampler's steps
     cfg = compose_cfg([f"model={PRESETS[arch]}", f"model.path={folder}", f"model.lora_r={lora}",
-                       f"objective={objective}", *extra, *SMALL], tmp_path, tiny=False)
+                       f"objective={objective}", *extra, *SMALL, *GEN.get(arch, [])], tmp_path, tiny=False)
     import diffusion_rl.app.train as train_mod
 
     captured = {}
