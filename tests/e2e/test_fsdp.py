@@ -125,6 +125,34 @@ def test_two_process_fsdp_equals_one_process(request, tmp_path, lora, objective)
     assert scored["by_length"]["16"]["cell_accuracy"] == pytest.approx(summary["after"]["cell_accuracy"])
 
 
+@pytest.fixture(scope="module")
+def llada2(tmp_path_factory) -> Path:
+    return write_checkpoint("llada2", tmp_path_factory.mktemp("released") / "llada2", real_ids=False)
+
+
+def test_two_process_fsdp_equals_one_process_for_the_mixture_of_experts(llada2, tmp_path):
+    """LLaDA2 (models/llada2.py): each decoder layer, its experts and router included, is one FSDP2
+    unit; a process whose tokens reach no token of some expert still reduces that expert's (zero)
+    gradient. Two processes equal one; the sharded checkpoint keeps the ``expert_bias`` buffers as
+    released and leaves out the frozen routers' weights, as it does every frozen weight."""
+    args = [*RUN, "model=llada2_mini", f"model.path={llada2}", "model.lora_r=0", "objective=grpo",
+            "objective.mu=1", "sampler.gen_length=32", "sampler.block_length=32", "eval.every_n_steps=0"]
+    two = train([*args, *FSDP, "trainer.devices=2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = train(args, tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert_same_steps(tmp_path / "two", tmp_path / "one")
+    assert_same_weights(tmp_path / "two", tmp_path / "one")
+    from tests.helpers.reference_models import checkpoint_tensors
+
+    released = checkpoint_tensors(llada2)
+    ref = weights(tmp_path / "one" / "checkpoints" / "last.ckpt")
+    got = weights(tmp_path / "two" / "checkpoints" / "last.ckpt", like=ref)
+    biases = [k for k in got if k.endswith("mlp.gate.expert_bias")]  # a buffer: kept, never trained
+    assert biases and all(torch.equal(got[k], released[k[k.index("model.layers."):]]) for k in biases)
+    assert not any(k.endswith("mlp.gate.weight") for k in got)  # frozen: read from the base on resume
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
