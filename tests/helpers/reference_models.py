@@ -147,8 +147,8 @@ def llada2_forward(sd: dict, cfg: dict, ids: torch.Tensor, allowed, positions, r
         fused = n @ sd[p + "attention.query_key_value.weight"].T  # (B, L, (heads + 2 kv_heads) * dh)
         q, k, v = fused.split([heads * dh, kv_heads * dh, kv_heads * dh], dim=-1)
         qn, kn = sd[p + "attention.query_layernorm.weight"], sd[p + "attention.key_layernorm.weight"]
-        a = attention(q, k, v, heads, kv_heads, allowed, positions, theta, lambda t: rms_norm(t, qn, eps),
-                      lambda t: rms_norm(t, kn, eps), rope_width=width)
+        a = attention(q, k, v, heads, kv_heads, allowed, positions, theta, lambda t, w=qn: rms_norm(t, w, eps),
+                      lambda t, w=kn: rms_norm(t, w, eps), rope_width=width)
         h = x + a @ sd[p + "attention.dense.weight"].T
         n = rms_norm(h, sd[p + "post_attention_layernorm.weight"], eps)
         if layer < cfg["first_k_dense_replace"]:

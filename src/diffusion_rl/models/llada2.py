@@ -183,7 +183,9 @@ class LLaDA2MoE(nn.Module):
             out = out.index_add(0, idx, y.float() * slot_w[start:start + n, None])
             start += n
         y = out.to(x.dtype).view(B, L, D)
-        return y + self.shared_experts(x) if self.shared_experts is not None else y
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y
 
 
 class LLaDA2DecoderLayer(GradientCheckpointingLayer):
@@ -280,3 +282,15 @@ class LLaDA2MoeModelLM(NativeLM):
         loads = [m.last_load for m in self.modules() if isinstance(m, LLaDA2MoE) and m.last_load is not None]
         return torch.stack(loads) if loads else None
 
+
+
+def router_metrics(net: nn.Module) -> dict[str, float]:
+    """``moe/load_max_over_mean``: over the MoE layers, the busiest expert's tokens over the mean in the
+    last forward (1 = perfectly balanced); ``moe/idle_expert_frac``: the share of (layer, expert) pairs
+    that received no token. Empty for a network without routers; this process's tokens only."""
+    loads = [m.last_load for m in net.modules() if isinstance(m, LLaDA2MoE) and m.last_load is not None]
+    if not loads:
+        return {}
+    load = torch.stack(loads).float()  # (layers, experts)
+    ratio = load.max(1).values / load.mean(1).clamp(min=1e-9)
+    return {"moe/load_max_over_mean": float(ratio.max()), "moe/idle_expert_frac": float((load == 0).float().mean())}

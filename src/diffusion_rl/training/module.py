@@ -41,6 +41,7 @@ from torch.utils.data import DistributedSampler
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.adapters import has_adapter, reference_logits_fn
+from diffusion_rl.models.llada2 import LLaDA2MoE, router_metrics
 from diffusion_rl.models.policy import PolicyBundle, dropout_disabled, logits_fn
 from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
@@ -120,6 +121,7 @@ class DiffusionRLModule(L.LightningModule):
         self.automatic_optimization = False
         self.rollout_count = 0
         self.skipped_updates = 0
+        self.has_routers = any(isinstance(m, LLaDA2MoE) for m in bundle.net.modules())  # moe/* metrics per update
         self._consecutive_skips = 0
         self.last_metrics: dict[str, float] = {}
         self.last_rollout: Rollout | None = None  # for the callback's table of sample completions
@@ -278,6 +280,8 @@ class DiffusionRLModule(L.LightningModule):
         if inner_iter == 0:
             row.update(ctx.rollout.metrics)
         row["grad/norm"] = norm  # pre-clip; the callback adds its EMA and spike flag
+        if self.has_routers:
+            row.update(router_metrics(self.policy))  # the routing of this update's forward
         row.update({"train/loss": float(loss.detach()), "train/lr": opt.param_groups[0]["lr"],
                     "train/skipped_updates": float(self.skipped_updates), "train/inner_iter": float(ctx.inner_iter),
                     "time/update_s": time.perf_counter() - t0})

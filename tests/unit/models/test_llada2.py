@@ -16,7 +16,7 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.staircase import staircase_logits, staircase_mask
 from diffusion_rl.models.build import build_policy
-from diffusion_rl.models.llada2 import LLaDA2MoE, LLaDA2Router
+from diffusion_rl.models.llada2 import LLaDA2MoE, LLaDA2Router, router_metrics
 from diffusion_rl.models.policy import ModelConfig, logits_fn
 from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import block_generate
@@ -151,6 +151,10 @@ def test_the_router_is_frozen_its_bias_never_trains_and_both_are_checkpointed(ck
         load = net.model.router_load()  # tokens per expert, per MoE layer, in the last forward
         assert load.shape == (len(routers), cfg["num_experts"])
         assert (load.sum(1) == ids.numel() * cfg["num_experts_per_tok"]).all()
+        m = router_metrics(net)  # what each update logs
+        mean = ids.numel() * cfg["num_experts_per_tok"] / cfg["num_experts"]
+        assert m["moe/load_max_over_mean"] == pytest.approx(float(load.max()) / mean)
+        assert m["moe/idle_expert_frac"] == pytest.approx(float((load == 0).float().mean()))
     net.model.save_pretrained(tmp_path / "saved")  # what a checkpoint of the full model holds
     saved = checkpoint_tensors(tmp_path / "saved")
     biases = [n for n in saved if n.endswith("mlp.gate.expert_bias")]

@@ -23,7 +23,15 @@ from diffusion_rl.models.policy import ModelConfig, encode_prompts
 from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
 from tests.helpers.common import compose_cfg
-from tests.helpers.released_layouts import BLOCK_SIZE, FAMILY, FIXTURES, PRESET, RELEASE, TINY, write_checkpoint
+from tests.helpers.released_layouts import (
+    BLOCK_SIZE,
+    FAMILY,
+    FIXTURES,
+    PRESET,
+    RELEASE,
+    TINY,
+    write_checkpoint,
+)
 
 SOURCES = json.loads((FIXTURES / "SOURCES.json").read_text())
 

@@ -93,6 +93,8 @@ def test_two_rl_steps(folders, arch, objective, lora, tmp_path, monkeypatch):
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
     changed = {k for k in end if not torch.equal(start[k], end[k])}
     assert changed, "no parameter changed"
+    assert ("moe/idle_expert_frac" in rows[-1]) == (arch == "llada2")  # the routers' load, logged per update
+    assert not any(k.endswith(("mlp.gate.weight", "expert_bias")) for k in changed)  # routers stay as released
     assert all("lora_" in k for k in changed) == bool(lora)  # with LoRA only the adapters train
 
 
