@@ -130,6 +130,7 @@ class LLaDA2Router(nn.Module):
         self.top_k, self.groups, self.top_groups = config.num_experts_per_tok, config.n_group, config.topk_group
         self.scale = config.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(E, config.hidden_size))
+        self.expert_bias: torch.Tensor
         self.register_buffer("expert_bias", torch.zeros(E))
         nn.init.normal_(self.weight, std=config.initializer_range)
 
