@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -46,6 +47,7 @@ from diffusion_rl.likelihood.staircase import StaircaseConfig, StaircaseEstimato
 from diffusion_rl.models.adapters import prepare_for_training  # noqa: E402
 from diffusion_rl.models.dream import DreamConfig, DreamModel  # noqa: E402
 from diffusion_rl.models.llada import LLaDAConfig, LLaDAModelLM  # noqa: E402
+from diffusion_rl.models.llada2 import LLaDA2Config, LLaDA2MoeModelLM  # noqa: E402
 from diffusion_rl.models.native import NativeDiffusionLM  # noqa: E402
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, logits_fn  # noqa: E402
 from diffusion_rl.models.sdar import SDARConfig, SDARForCausalLM  # noqa: E402
@@ -81,8 +83,11 @@ RELEASED = {
     "sdar_8b_chat (trado_8b_instruct: its config.json unread)": (SDARForCausalLM, SDARConfig(block_size=4)),
     "sdar_1_7b_chat": (SDARForCausalLM, SDARConfig(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
                                                    num_hidden_layers=28, intermediate_size=6144, block_size=4)),
+    "llada2_mini / llada2_1_mini": (LLaDA2MoeModelLM, LLaDA2Config(block_size=32)),  # one config.json
 }
-LORA = {"llada": r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"}
+LORA = {"llada": r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)",
+        # the preset's regular expression (attention, the dense layer, the shared experts)
+        "llada2_moe": yaml.safe_load((Path(__file__).resolve().parents[1] / "conf/model/llada2_mini.yaml").read_text())["lora_targets"]}
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0, "A800": 312.0,
                "L40S": 362.0, "L40": 181.0, "A10G": 70.0, "A10": 125.0, "L4": 121.0, "RTX 4090": 165.0,
                "RTX 6000 Ada": 364.0, "A6000": 155.0}  # dense bf16 tensor-core peaks from the vendors' sheets

@@ -100,6 +100,7 @@ class Size:
     d: int
     layers: int
     masked: int | None = None  # the ELBO's masked (scored) tokens over its K copies; None: 3/4 of them (t ~ U(0.5, 1))
+    ffn_width: int | None = None  # the MLP's per-token width where it is not LLaDA's 3 d (LLaDA2's experts)
 
     @property
     def T(self) -> int:
@@ -111,7 +112,7 @@ class Size:
 
     @property
     def ffn(self) -> int:
-        return 3 * self.d  # LLaDA-8B: 12288 = 3 x 4096
+        return self.ffn_width or 3 * self.d  # LLaDA-8B: 12288 = 3 x 4096
 
 
 def model(s: Size, checkpointing: bool = True) -> torch.nn.Module:
@@ -236,9 +237,28 @@ def predict(coef: np.ndarray, phase: str, s: Size, gpu: bool = True) -> float:
 
 
 # ---- the recipes -------------------------------------------------------------------------------------
-LLADA_8B = dict(d=4096, layers=32, vocab=LLADA_VOCAB)
-PARAMS_8B = 8.02e9
-LORA_8B = 335.5e6
+@dataclass(frozen=True)
+class Checkpoint:
+    """A released model as the recipes need it: parameter counts (``benchmarks/gpu_check.py
+    --memory-table``, from our classes on the meta device) and the sizes the fitted terms take."""
+
+    name: str
+    params: float
+    lora: float  # LoRA r=128 parameters on the preset's targets
+    layer_params: float  # one decoder layer: what FSDP gathers at a time
+    dims: dict
+
+
+LLADA_8B = Checkpoint("LLaDA-8B", 8.02e9, 335.5e6, 4 * 4096**2 + 3 * 4096 * 12288,
+                      dict(d=4096, layers=32, vocab=LLADA_VOCAB))
+# LLaDA2.0-mini / 2.1-mini: 16.26 B parameters (2 x 16,255,638,528 B + the bf16 expert biases = the released
+# index's total_size, 32,511,286,784 B), LoRA on attention, the dense layer and the shared experts; a MoE
+# layer is 819 M parameters. Its MLP holds per token the 8 routed copies of the hidden state (in, out, and
+# the fp32 weighted sum: 4 x 8 x 2048), 4 x 9 x 512 expert activations and the fp32 accumulator: in units
+# of the dense fit's 4 x ffn elements, ffn_width = (65536 + 18432 + 4096) / 4 = 22016 (an estimate from
+# what models/llada2.py allocates, not fitted: the grid measures the dense LLaDA layout)
+LLADA2_MINI = Checkpoint("LLaDA2-mini", 16.256e9, 45.0e6, 819.5e6,
+                         dict(d=2048, layers=20, vocab=157184, ffn_width=22016))
 
 
 @dataclass
@@ -250,19 +270,20 @@ class Recipe:
     rollout_rows: int  # sampler.rollout_batch_size
     eval_rows: int  # eval.batch_size
 
-    def static(self) -> dict[str, float]:
+    def static(self, ckpt: Checkpoint = LLADA_8B) -> dict[str, float]:
         """Per-GPU bytes that do not depend on the batch, from parameter counts (computed)."""
+        n = ckpt.params
         if self.lora:  # bf16 base (sharded under FSDP); fp32 adapters, their gradients and AdamW moments
-            base = 2 * PARAMS_8B / self.gpus
-            state = 16 * LORA_8B / self.gpus
+            base = 2 * n / self.gpus
+            state = 16 * ckpt.lora / self.gpus
         else:  # fp32 master weights, gradients and AdamW moments, all sharded
-            base = 4 * PARAMS_8B / self.gpus
-            state = 12 * PARAMS_8B / self.gpus
-        # the KL anchor (objective.beta > 0, StableDRL's default here): LoRA switches the adapters off, full
-        # fine-tuning keeps a frozen fp32 copy, sharded like the policy
-        reference = 0.0 if self.lora else 4 * PARAMS_8B / self.gpus
-        gathered_rollout = 2 * PARAMS_8B if self.gpus > 1 else 0.0  # FSDP: the bf16 weights, gathered once
-        gathered_layer = 2 * 2 * (4 * 4096**2 + 3 * 4096 * 12288) if self.gpus > 1 else 0.0  # two bf16 layers
+            base = 4 * n / self.gpus
+            state = 12 * n / self.gpus
+        # the KL anchor (objective.beta > 0): LoRA switches the adapters off, full fine-tuning keeps a
+        # frozen fp32 copy, sharded like the policy
+        reference = 0.0 if self.lora else 4 * n / self.gpus
+        gathered_rollout = 2 * n if self.gpus > 1 else 0.0  # FSDP: the bf16 weights, gathered once
+        gathered_layer = 2 * 2 * ckpt.layer_params if self.gpus > 1 else 0.0  # two bf16 layers
         return {"weights": base, "state": state, "reference": reference, "rollout_gather": gathered_rollout,
                 "layer_gather": gathered_layer}
 
@@ -272,16 +293,17 @@ RECIPES = [Recipe("1 GPU, LoRA, StableDRL (K=2)", 1, True, 16, 8, 64),
            Recipe("8 GPUs FSDP, LoRA, StableDRL (K=2)", 8, True, 16, 8, 64)]
 
 
-def recipe_table(coef: dict[str, np.ndarray], prompt: int = 200, gen: int = 256, K: int = 2) -> list[str]:
+def recipe_table(coef: dict[str, np.ndarray], prompt: int = 200, gen: int = 256, K: int = 2,
+                 ckpt: Checkpoint = LLADA_8B) -> list[str]:
     lines = ["| per GPU (GB, predicted) | " + " | ".join(r.name for r in RECIPES) + " |",
              "|---" * (len(RECIPES) + 1) + "|"]
     cols = []
     for r in RECIPES:
-        st = r.static()
-        roll = predict(coef["rollout"], "rollout", Size(r.rollout_rows, prompt, gen, K=1, **LLADA_8B))
-        ev = predict(coef["rollout"], "rollout", Size(r.eval_rows, prompt, gen, K=1, **LLADA_8B))
-        old = predict(coef["old"], "old", Size(r.rows_per_gpu, prompt, gen, K=K, **LLADA_8B))
-        upd = predict(coef["update"], "update", Size(r.rows_per_gpu, prompt, gen, K=K, **LLADA_8B))
+        st = r.static(ckpt)
+        roll = predict(coef["rollout"], "rollout", Size(r.rollout_rows, prompt, gen, K=1, **ckpt.dims))
+        ev = predict(coef["rollout"], "rollout", Size(r.eval_rows, prompt, gen, K=1, **ckpt.dims))
+        old = predict(coef["old"], "old", Size(r.rows_per_gpu, prompt, gen, K=K, **ckpt.dims))
+        upd = predict(coef["update"], "update", Size(r.rows_per_gpu, prompt, gen, K=K, **ckpt.dims))
         fixed = st["weights"] + st["state"] + st["reference"]
         peaks = {"rollout": fixed + st["rollout_gather"] + roll, "evaluation": fixed + st["rollout_gather"] + ev,
                  "old values": fixed + st["layer_gather"] + old, "update": fixed + st["layer_gather"] + upd}
@@ -424,9 +446,10 @@ def main() -> None:
     print(f"\nrelative error of the fit: median {np.median(errors):.1%}, largest on phases above 10 MiB {worst:.1%}")
     for phase, c in coef.items():
         print(f"{phase}: bytes per element " + ", ".join(f"{n} {v:.2f}" for n, v in zip(TERMS, c)))
-    print("\n# LLaDA-8B per GPU, prompts of 200 tokens, 256 generated (predicted from the fit, not measured)\n")
-    for line in recipe_table(coef):
-        print(line)
+    for ckpt in (LLADA_8B, LLADA2_MINI):
+        print(f"\n# {ckpt.name} per GPU, prompts of 200 tokens, 256 generated (predicted from the fit, not measured)\n")
+        for line in recipe_table(coef, ckpt=ckpt):
+            print(line)
 
 
 if __name__ == "__main__":

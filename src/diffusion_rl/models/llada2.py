@@ -168,7 +168,7 @@ class LLaDA2MoE(nn.Module):
         flat = x.reshape(-1, D)  # (N, D)
         experts, weights = self.gate(flat)  # (N, k) each
         out = torch.zeros(flat.shape[0], D, dtype=torch.float32, device=x.device)
-        order = experts.flatten().argsort()  # token-slots grouped by expert
+        order = experts.flatten().argsort(stable=True)  # token-slots grouped by expert, in token order: deterministic
         counts = torch.bincount(experts.flatten(), minlength=len(self.experts))
         self.last_load = counts.detach()
         rows = order // experts.shape[1]  # the token of each slot

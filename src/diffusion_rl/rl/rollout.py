@@ -28,6 +28,7 @@ sampler's cost:
   measure of forward FLOPs (a cached step runs a block, not the whole sequence);
 - ``rollout/tokens_per_forward``: completion tokens per forward pass (``gen_length / forwards``);
 - ``rollout/filled_frac``: share of completion tokens set to EOS without a forward (``stop_after_eos``);
+- ``rollout/edited_per_sample``: tokens replaced by token editing (``sampler.editing_threshold``);
 - ``reward/*``: the task's metrics of its rewards on every row drawn (``Task.reward_metrics``: the code
   tasks' ``reward/timeout_frac``, programs stopped by their time limit).
 """
@@ -215,7 +216,7 @@ class RolloutEngine:
         size = self.sampler.rollout_batch_size or n
         parts, logps = [], []
         ent = torch.zeros(2, dtype=torch.float64, device=ids.device)
-        cost = torch.zeros(4, dtype=torch.float64, device=ids.device)
+        cost = torch.zeros(5, dtype=torch.float64, device=ids.device)
         key = mix_seed(self.seed, rollout_id, _GUMBEL_SALT)
         for s in range(0, n, size):
             # each row keyed by its global row: the same rows draw the same noise in any chunks, on any number of processes
@@ -228,7 +229,7 @@ class RolloutEngine:
             logps.append(out.token_logp)
             ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
             rows = out.completion.shape[0]
-            cost += rows * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled],
+            cost += rows * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled, out.edited],
                                         dtype=torch.float64, device=ids.device)
         net.train(was_training)
         return torch.cat(parts), torch.cat(logps), ent, cost
@@ -251,13 +252,14 @@ class RolloutEngine:
 
 
 def cost_metrics(cost: torch.Tensor, rows: int, gen_length: int) -> dict[str, float]:
-    """Per-sample sampler cost from ``[forwards, forward tokens, steps, filled tokens]`` summed over
-    ``rows`` samples (see the module docstring)."""
-    forwards, tokens, steps, filled = (v / max(rows, 1) for v in cost.tolist())
+    """Per-sample sampler cost from ``[forwards, forward tokens, steps, filled tokens, edited tokens]``
+    summed over ``rows`` samples (see the module docstring)."""
+    forwards, tokens, steps, filled, edited = (v / max(rows, 1) for v in cost.tolist())
     return {
         "rollout/forwards_per_sample": forwards,
         "rollout/forward_tokens_per_sample": tokens,
         "rollout/steps_per_sample": steps,
         "rollout/tokens_per_forward": gen_length / max(forwards, 1e-9),
         "rollout/filled_frac": filled / gen_length,
+        "rollout/edited_per_sample": edited,
     }

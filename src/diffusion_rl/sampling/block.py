@@ -17,6 +17,15 @@ block-causal mask of the embedded model, over a prompt left-padded to whole bloc
 caller has not: :func:`~diffusion_rl.models.policy.encode_prompts` with ``pad_to_multiple_of``), so
 the completion starts on a block boundary and every block is either all prompt or all completion.
 
+Token editing (``sampler.editing_threshold``, LLaDA2.1's released sampler): at every step a decoded
+token of the current block is replaced by the step's candidate where they differ and the candidate's
+probability is above the threshold; once the block is full, up to ``sampler.max_post_steps`` more passes
+revise it while they change a token. The released 2.1 sampler does the same over a block-causal
+mask; its confidences are those of the temperature-scaled softmax where ours are the temperature-1
+ones of the remasking rule (equal at temperature 0). An edited token's recorded log-probability is
+the editing step's (``rollout/mismatch_log_ratio`` shows what editing moves away from the policy the
+loss scores); ``rollout/edited_per_sample`` counts the replacements.
+
 Run ``python benchmarks/block.py`` for the speed of the cache against recomputing the prefix.
 """
 
@@ -37,6 +46,7 @@ from diffusion_rl.sampling.sampler import (
     denoise_step,
     fill_after,
     generate,
+    gumbel_argmax,
     mark_ended,
     start_canvas,
 )
@@ -98,6 +108,10 @@ def block_generate(
     numbers) work as in the masked-diffusion sampler.
     """
     check_block_sampler(cfg, block_size)
+    if cfg.editing_threshold is not None and recorder is not None:
+        raise ConfigError("sampler.editing_threshold", cfg.editing_threshold,
+                          "must be null for an objective that trains on the recorded trajectory (an edited token has "
+                          "no single unmasking step)")
     if cfg.stop_after_eos and eos_id is None:
         raise ValueError("sampler.stop_after_eos needs the EOS id")
     B = prompt_ids.shape[0]
@@ -120,19 +134,24 @@ def block_generate(
         live = ended_at > start  # (B,) the rows still decoding
         for k in block_schedule(cfg, x[:, start:end], mask_id, n_steps, live):  # a view: sees the commits
             blk = x[:, start:end]  # (B, bs)
-            if use_cache:
-                logits = net(input_ids=blk, attention_mask=keep[:, :end], past_key_values=cache).logits.float()
-                stats.forward(bs)
-            else:
-                logits = net(input_ids=x[:, :end], attention_mask=keep[:, :end],
-                             keep=slice(start, end)).logits.float()  # (B, bs, V)
-                stats.forward(end)
+            logits = _block_logits(net, x, keep, cache, start, end, use_cache, stats)  # (B, bs, V)
             cand, commit = denoise_step(logits, (blk == mask_id) & live[:, None], k, cfg, noise, gdtype)  # (B, bs)
             stats.add(logits, commit, cand, start)
             if recorder is not None:
                 _record(recorder, step, x, logits, cand, commit, start)
-            x[:, start:end] = torch.where(commit, cand, blk)
+            edit = edits(logits, cand, blk, live, mask_id, cfg)  # (B, bs) decoded tokens replaced (editing on)
+            stats.edit(logits, edit, cand, start)
+            x[:, start:end] = torch.where(commit | edit, cand, blk)
             step += 1
+        for _ in range(cfg.max_post_steps if cfg.editing_threshold is not None else 0):  # the full block, revised
+            blk = x[:, start:end]
+            logits = _block_logits(net, x, keep, cache, start, end, use_cache, stats)
+            cand = gumbel_argmax(logits, cfg.temperature, noise, gdtype, live)
+            edit = edits(logits, cand, blk, live, mask_id, cfg)
+            if not bool(edit.any()):
+                break
+            stats.edit(logits, edit, cand, start)
+            x[:, start:end] = torch.where(edit, cand, blk)
         if cfg.stop_after_eos and end < P + L and mark_ended(x, P, end, eos_id, mask_id, ended_at):  # type: ignore[arg-type]
             break
         if use_cache and end < P + L:  # the finished block is clean context from now on
@@ -142,6 +161,28 @@ def block_generate(
     if cfg.stop_after_eos:
         x = fill_after(x, ended_at, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
     return stats.finish(x[:, pad:], x[:, P:])
+
+
+def _block_logits(net: nn.Module, x: torch.Tensor, keep: torch.Tensor, cache, start: int, end: int,
+                  use_cache: bool, stats: CommitStats) -> torch.Tensor:
+    """fp32 logits (B, bs, V) of the current block ``x[:, start:end]``: over the cache of the finished
+    blocks, or by rerunning everything before it."""
+    if use_cache:
+        stats.forward(end - start)
+        return net(input_ids=x[:, start:end], attention_mask=keep[:, :end], past_key_values=cache).logits.float()
+    stats.forward(end)
+    return net(input_ids=x[:, :end], attention_mask=keep[:, :end], keep=slice(start, end)).logits.float()
+
+
+def edits(logits: torch.Tensor, cand: torch.Tensor, block: torch.Tensor, live: torch.Tensor, mask_id: int,
+          cfg: SamplerConfig) -> torch.Tensor:
+    """LLaDA2.1's token editing: (B, bs) bool, the decoded (not masked) positions of live rows whose
+    candidate differs from the token there with probability above ``sampler.editing_threshold``
+    (all False when editing is off)."""
+    if cfg.editing_threshold is None:
+        return torch.zeros_like(block, dtype=torch.bool)
+    conf = logits.softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, bs)
+    return (block != mask_id) & (cand != block) & live[:, None] & (conf > cfg.editing_threshold)
 
 
 def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Tensor, cand: torch.Tensor,
@@ -165,6 +206,9 @@ def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, p
     """The sampler a network needs: block diffusion for a block model (``block_size > 0``), with the
     key/value cache where the network supports it, else the masked-diffusion sampler (with
     ``sampler.cache`` on ``net``)."""
+    if cfg.editing_threshold is not None and block_size == 0:
+        raise ConfigError("sampler.editing_threshold", cfg.editing_threshold,
+                          "token editing runs in the block sampler: it needs a block model (model.block_size > 0)")
     if block_size > 0:
         return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, noise, recorder,
                               use_cache=getattr(net, "supports_kv_cache", False), eos_id=eos_id, canvas=canvas)

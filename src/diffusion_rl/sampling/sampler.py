@@ -76,6 +76,10 @@ class SamplerConfig:
     cache: str = "none"  # none | prefix | dual: key/value caches of a full-attention model
     cache_refresh: int = 0  # also recompute everything every this many steps inside a block (0: at block starts only)
     stop_after_eos: bool = False  # a row that has ended at a block end takes EOS for the rest; stop once all have
+    # LLaDA2.1's token editing (block models; sampling/block.py): a decoded token of the current block is
+    # replaced where the model now prefers another with probability above this; None = no editing
+    editing_threshold: float | None = None
+    max_post_steps: int = 16  # editing: passes over a full block while they still change a token
 
     def validate(self, prefix: str = "sampler") -> None:
         for key in ("gen_length", "block_length", "steps"):
@@ -119,6 +123,10 @@ class SamplerConfig:
             raise ConfigError(f"{prefix}.cfg_scale", self.cfg_scale, f"must be 0 with {prefix}.cache={self.cache}")
         if self.cache_refresh < 0:
             raise ConfigError(f"{prefix}.cache_refresh", self.cache_refresh, "must be >= 0 (0 = at block starts only)")
+        if self.editing_threshold is not None and not 0.0 <= self.editing_threshold <= 1.0:
+            raise ConfigError(f"{prefix}.editing_threshold", self.editing_threshold, "must be in [0, 1] or null (no editing)")
+        if self.max_post_steps < 0:
+            raise ConfigError(f"{prefix}.max_post_steps", self.max_post_steps, "must be >= 0")
 
     @property
     def num_blocks(self) -> int:
@@ -131,7 +139,8 @@ class SamplerConfig:
     @property
     def exact(self) -> bool:
         """Whether this is the exact sampler of docs/methods.md §2 (no fewer-forward option on)."""
-        return self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
+        return (self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
+                and self.editing_threshold is None)
 
     def as_exact(self) -> SamplerConfig:
         """The exact sampler of docs/methods.md §2: low-confidence remasking with every fewer-forward
@@ -170,6 +179,7 @@ class SampleOutput:
     forward_tokens: int = 0  # query positions each row sent through the model (the FLOP measure)
     steps: int = 0  # denoising steps taken
     filled: float = 0.0  # completion tokens set to EOS without a forward (stop_after_eos), mean per row
+    edited: float = 0.0  # token replacements by editing (sampler.editing_threshold), mean per row
 
 
 class CommitStats:
@@ -181,7 +191,7 @@ class CommitStats:
         self.count = torch.zeros(batch, dtype=torch.long, device=device)
         self.token_logp = torch.zeros(batch, width, dtype=torch.float32, device=device)  # (B, T)
         self.forwards = self.forward_tokens = self.steps = 0
-        self.filled = 0.0
+        self.filled = self.edited = 0.0
 
     def forward(self, width: int, passes: int = 1) -> None:
         """Count one model call over ``width`` query positions per row (``passes`` rows per sample)."""
@@ -203,7 +213,14 @@ class CommitStats:
     def finish(self, sequences: torch.Tensor, completion: torch.Tensor) -> SampleOutput:
         L = completion.shape[1]
         return SampleOutput(sequences, completion, self.entropy_sum, self.count, self.token_logp[:, -L:],
-                            self.forwards, self.forward_tokens, self.steps, self.filled)
+                            self.forwards, self.forward_tokens, self.steps, self.filled, self.edited)
+
+    def edit(self, logits: torch.Tensor, edit: torch.Tensor, cand: torch.Tensor, offset: int) -> None:
+        """An edited token's log-probability replaces the one it was committed with (its own logits
+        and the new token); logits (B, R, V), edit and cand (B, R) at ``offset``."""
+        view = self.token_logp[:, offset:offset + edit.shape[1]]
+        view[edit] = logits[edit].float().log_softmax(-1).gather(-1, cand[edit][:, None]).squeeze(-1)
+        self.edited += float(edit.sum()) / max(edit.shape[0], 1)
 
 
 def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:

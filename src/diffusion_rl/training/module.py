@@ -105,6 +105,10 @@ class DiffusionRLModule(L.LightningModule):
         objective.check_advantage(advantage.cfg.name)
         if old_policy not in ("copy", "cached"):
             raise ConfigError("old_policy", old_policy, "allowed: copy, cached")
+        if sampler.editing_threshold is not None and objective.needs_trajectory:
+            raise ConfigError("sampler.editing_threshold", sampler.editing_threshold,
+                              f"must be null with objective {objective.cfg.name}: it trains on the recorded unmasking "
+                              "steps, and an edited token has no single one")
         if sampler.rollout_batch_size and objective.needs_trajectory:
             raise ConfigError("sampler.rollout_batch_size", sampler.rollout_batch_size,
                               f"must be 0 with objective {objective.cfg.name} (its trajectory is recorded in one sampler call)")

@@ -70,8 +70,8 @@ def test_weights_saved_by_our_class_load_back_with_identical_logits(folders, arc
     assert len(list((tmp_path / "saved").glob("*.safetensors"))) > 1
     back = load(tmp_path / "saved").eval()
     ids = ids_batch(m.config.vocab_size)
-    with torch.no_grad():
-        assert torch.equal(m(ids).logits, back(ids).logits)
+    with torch.no_grad():  # the same tensors; a loaded tensor's memory alignment can move a CPU matmul's last bit
+        torch.testing.assert_close(back(ids).logits, m(ids).logits, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
