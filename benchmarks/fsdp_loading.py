@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.released_layouts import write_checkpoint  # noqa: E402
+from tests.helpers.released_layouts import write_checkpoint  # noqa: E402
 
 RUN = ["model=llada_8b_instruct", "model.dtype=float32", "model.lora_r=0", "model.gradient_checkpointing=false",
        "old_policy=cached", "objective=grpo", "task.num_train=16", "task.num_test=2", "task.num_val=2",

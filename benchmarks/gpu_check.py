@@ -308,8 +308,8 @@ def train_jobs(args, device: torch.device) -> None:
 
     sys.path.insert(0, str(ROOT))
     from benchmarks.memory import QUESTION, Size, fit, grid, masked_count, phases, predict
-    from tests.helpers import compose_cfg
-    from tests.released_layouts import write_checkpoint
+    from tests.helpers.common import compose_cfg
+    from tests.helpers.released_layouts import write_checkpoint
 
     from diffusion_rl.app.train import train
 

@@ -373,7 +373,7 @@ def step_rss(tree: Path, tmp: Path) -> float:
 
 
 def step_target(baseline: str | None) -> list[str]:
-    from tests.released_layouts import write_checkpoint
+    from tests.helpers.released_layouts import write_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="memory_step_"))
     write_checkpoint("llada", tmp / "model", real_ids=True, overrides={"d_model": 64, "n_layers": 2, "n_heads": 4,
