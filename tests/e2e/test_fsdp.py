@@ -26,6 +26,7 @@ import torch
 from diffusion_rl.app.cli import launcher_overrides
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.training.checkpoint import is_sharded, load_sharded_tensors, sharded_keys
+from tests.helpers.reference_models import checkpoint_tensors
 from tests.helpers.released_layouts import write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +92,17 @@ def assert_same_weights(a: Path, b: Path, rel: float = 1e-5) -> None:
         torch.testing.assert_close(got[k], v, rtol=rel, atol=1e-7, msg=k)
 
 
+def two_processes_equal_one(args: list[str], tmp_path: Path) -> None:
+    """``args`` under FSDP2 on two gloo processes (``two/``) and in one process (``one/``): the same
+    steps and weights."""
+    two = train([*args, *FSDP, "trainer.devices=2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = train(args, tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert_same_steps(tmp_path / "two", tmp_path / "one")
+    assert_same_weights(tmp_path / "two", tmp_path / "one")
+
+
 CASES = [pytest.param(0, "stabledrl", id="full-stabledrl"),
          pytest.param(8, "grpo", id="lora-grpo", marks=pytest.mark.slow),
          pytest.param(8, "stabledrl", id="lora-stabledrl", marks=pytest.mark.slow),
@@ -103,12 +115,7 @@ def test_two_process_fsdp_equals_one_process(request, tmp_path, lora, objective)
         pytest.importorskip("peft")
     llada = request.getfixturevalue("llada_full_vocab" if lora else "llada")
     args = [*RUN, f"model.path={llada}", f"model.lora_r={lora}", f"objective={objective}"]
-    two = train([*args, *FSDP, "trainer.devices=2"], tmp_path / "two")
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = train(args, tmp_path / "one")
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert_same_steps(tmp_path / "two", tmp_path / "one")
-    assert_same_weights(tmp_path / "two", tmp_path / "one")
+    two_processes_equal_one(args, tmp_path)
     last = tmp_path / "two" / "checkpoints" / "last.ckpt"
     base = sum(p.stat().st_size for p in llada.glob("*.safetensors"))
     if lora:  # the adapters and their optimizer state, in one file: far smaller than the frozen base
@@ -137,14 +144,7 @@ def test_two_process_fsdp_equals_one_process_for_the_mixture_of_experts(llada2, 
     released and leaves out the frozen routers' weights, as it does every frozen weight."""
     args = [*RUN, "model=llada2_mini", f"model.path={llada2}", "model.lora_r=0", "objective=grpo",
             "objective.mu=1", "sampler.gen_length=32", "sampler.block_length=32", "eval.every_n_steps=0"]
-    two = train([*args, *FSDP, "trainer.devices=2"], tmp_path / "two")
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = train(args, tmp_path / "one")
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert_same_steps(tmp_path / "two", tmp_path / "one")
-    assert_same_weights(tmp_path / "two", tmp_path / "one")
-    from tests.helpers.reference_models import checkpoint_tensors
-
+    two_processes_equal_one(args, tmp_path)
     released = checkpoint_tensors(llada2)
     ref = weights(tmp_path / "one" / "checkpoints" / "last.ckpt")
     got = weights(tmp_path / "two" / "checkpoints" / "last.ckpt", like=ref)

@@ -51,7 +51,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.layers import KV, QwenMLP, RMSNorm, apply_rope, attend
-from diffusion_rl.models.native import NativeLM, register_native, unsupported
+from diffusion_rl.models.native import NativeLM, check_block_size, register_native, unsupported
 
 
 class LLaDA2Config(PreTrainedConfig):
@@ -236,11 +236,7 @@ class LLaDA2MoeModelLM(NativeLM):
             "tie_word_embeddings": (bool(config.tie_word_embeddings), False),
             "rope_scaling": (rope.get("rope_type", "default"), "default"),
         })
-        if config.block_size is None:
-            raise ConfigError("model.block_size", 0, "LLaDA2's released config.json names no block size: set "
-                              "model.block_size (the LLaDA2 presets set the released 32)")
-        if not isinstance(config.block_size, int) or config.block_size < 1:
-            raise ConfigError("llada2_moe config.json block_size", config.block_size, "must be an integer >= 1")
+        check_block_size(config, "LLaDA2", 32)
         experts, groups = int(config.num_experts or 0), config.n_group
         if experts and (experts % groups or not 1 <= config.topk_group <= groups
                         or config.num_experts_per_tok > experts // groups * config.topk_group

@@ -71,6 +71,16 @@ def unsupported(config: PreTrainedConfig, checks: dict[str, tuple[Any, Any]]) ->
                               f"the native implementation supports {ok!r} (as in the released checkpoints)")
 
 
+def check_block_size(config: PreTrainedConfig, family: str, preset: int) -> None:
+    """A block model's ``config.block_size``: set (from the checkpoint or ``model.block_size``), an
+    integer >= 1; else one line naming where it should come from (``preset``: the presets' value)."""
+    if config.block_size is None:
+        raise ConfigError("model.block_size", 0, f"{family}'s released config.json names no block size: set "
+                          f"model.block_size (the {family} presets set the released {preset})")
+    if not isinstance(config.block_size, int) or config.block_size < 1:
+        raise ConfigError(f"{config.model_type} config.json block_size", config.block_size, "must be an integer >= 1")
+
+
 class NativeLM(PreTrainedModel):
     """Shared forward of the native models; subclasses build the modules under the released names.
 

@@ -21,9 +21,8 @@ as a boolean 4D mask from our staircase estimator (docs/methods.md §3).
 
 from __future__ import annotations
 
-from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.dream import QwenConfig, QwenStyleLM
-from diffusion_rl.models.native import register_native, unsupported
+from diffusion_rl.models.native import check_block_size, register_native, unsupported
 
 
 class SDARConfig(QwenConfig):
@@ -57,11 +56,7 @@ class SDARForCausalLM(QwenStyleLM):
 
     def __init__(self, config: SDARConfig):
         unsupported(config, {"attention_bias": (config.attention_bias, False)})
-        if config.block_size is None:
-            raise ConfigError("model.block_size", 0, "SDAR's released config.json names no block size: set "
-                              "model.block_size (the SDAR presets set the released 4)")
-        if not isinstance(config.block_size, int) or config.block_size < 1:
-            raise ConfigError("sdar config.json block_size", config.block_size, "must be an integer >= 1")
+        check_block_size(config, "SDAR", 4)
         super().__init__(config)
 
     @property
