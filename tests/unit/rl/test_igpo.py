@@ -212,12 +212,14 @@ def test_hint_chunks_leave_the_tail_free_show_the_last_chunk_and_stretch_gaps():
 
 
 def igpo_setup(tmp_path, monkeypatch, hinted_correct, extra=()):
-    """The objective built from the configs (the tiny testbed: hints of 2-4 cells, no free tail) and a
+    """The objective built from the configs (the tiny testbed: hints of 2-4 cells, no free tail; the public
+    run's clear prompt) and a
     rollout of the untrained tiny model where every first sample is wrong and the hinted samples of the
     rows ``hinted_correct`` (group-relative) are right. Returns the config bundle, the rollout and the
     rollout before the objective revised it."""
     torch.manual_seed(0)
-    c = build(compose_cfg(["objective=igpo", "task.pin_givens=false", "sampler.remasking=low_confidence", *extra],
+    c = build(compose_cfg(["objective=igpo", "task.pin_givens=false", "sampler.remasking=low_confidence",
+                          "likelihood.p_mask_prompt=0", *extra],
                           tmp_path))
     calls = []
 

@@ -12,8 +12,8 @@ positions never hold a hint. The loss is GSPO's sequence ratio with PPO's clip, 
     loss  = group token mean over the kept units of -min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps_high) A_i)
             + beta * (the same mean of k3(logp, logp_ref))
 
-with ``A = r - mean_G(r)`` (``advantage=group``), the one-step estimator (completion fully masked,
-prompt clear). The kept units are the completion's tokens except hint tokens: of a row's hint tokens
+with ``A = r - mean_G(r)`` (``advantage=group``) and the one-step estimator (completion fully masked;
+the public run keeps the prompt clear). The kept units are the completion's tokens except hint tokens: of a row's hint tokens
 only the ``hint_entropy_keep`` share (at least one) where the behaviour policy's predictive entropy
 (completion masked) is highest count (:func:`entropy_filter`).
 
@@ -47,6 +47,11 @@ Deviations from the public code:
   is one token per position (Sudoku) keeps each hint at its own position (no stretching);
 - a hinted sample's hint positions exclude a task's pinned tokens (Sudoku's givens are pinned in
   every row already); the hinted samples' sampler log-probs and rewards replace the row's;
+- regime left to the other config groups: the released run samples at temperature 1.2 and masks no
+  prompt token (``train.yaml``: ``p_mask_prompt: 0``); here the sampler's temperature and the
+  one-step estimator's ``p_mask_prompt`` (0.15, d1's) are their groups' settings, and
+  ``sampler.temperature=1.2 likelihood.p_mask_prompt=0`` is the public regime. The entropies of the
+  filter are always taken with the prompt clear, as the public code takes them;
 - the KL is aggregated on its own (``Objective.kl_term``, the same units and mean: the same value).
 """
 
