@@ -45,6 +45,12 @@ class Rollout:
     # (n, L) bool: the task's pinned tokens (Task.pinned_completion: Sudoku's givens), in the canvas from
     # the start: never masked by an estimator, never scored; None: nothing pinned
     pinned: torch.Tensor | None = None
+    # (n, L) bool: reference tokens a row was sampled with in its canvas (IGPO's hints): unlike pinned
+    # tokens they are the policy's to score (rl/objectives/igpo.py); None: no row has any
+    hints: torch.Tensor | None = None
+    # (n, L) the behaviour policy's predictive entropy at each completion position, the completion masked
+    # (IGPO's filter of hint positions); None: not computed
+    hint_entropy: torch.Tensor | None = None
 
     # The fields that are not one value per row of this process, so :meth:`select` leaves them as they
     # are: ``rollout_id`` and ``group_size`` describe the batch; ``all_rewards`` holds every process's

@@ -45,10 +45,10 @@ from torch import nn
 from diffusion_rl.core.distributed import Shard
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.seeding import mix_seed
-from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
+from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts, logits_fn
 from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
-from diffusion_rl.rl.objectives.base import Objective
+from diffusion_rl.rl.objectives.base import Objective, RolloutTools
 from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
 from diffusion_rl.sampling.sampler import completion_mask
@@ -56,6 +56,7 @@ from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from diffusion_rl.tasks.base import Task
 
 _GUMBEL_SALT = 0xA11
+_RESAMPLE_SALT = 0xA12  # the noise of an objective's resampled rows (RolloutTools.sample)
 
 
 @dataclass
@@ -110,12 +111,10 @@ class RolloutEngine:
         generated = completion.numel() * shard.world_size  # tokens, before dynamic sampling keeps some
         t_score = time.perf_counter()
         texts = decode_completions(tok, completion, eos)
-        rewards, components = self.task.score(texts, group_items)  # (n,), {name: (n,)}
+        rewards, components = self._score(completion, texts, group_items)  # (n,), {name: (n,)}
         metrics: dict[str, float] = self.task.reward_metrics(texts, group_items)  # of every row drawn
         if self.truncated_reward is not None:  # no EOS: the completion ran out of canvas
             cut = ~(completion == eos).any(-1)  # (n,)
-            rewards = torch.where(cut.to(rewards.device), torch.tensor(self.truncated_reward, dtype=rewards.dtype,
-                                                                      device=rewards.device), rewards)
             metrics["rollout/truncated_frac"] = float(shard.all_reduce_sum(cut.float().sum()) / (n_generated * shard.world_size))
         # every per-row field the filter below must see goes in here; all_rewards and advantages are
         # placeholders, set at the end from the rows kept
@@ -125,8 +124,10 @@ class RolloutEngine:
             all_rewards=rewards, reward_components=components, advantages=rewards, shard=shard, trajectory=traj,
             metrics=metrics, sampler_logp=token_logp, pinned=pinned,
         )
+        ro, revised = self.objective.revise_rollout(ro, self._tools(behaviour, ids, mask, shard.offset, rollout_id))
+        metrics.update(revised)
         if self.oversample > 1:  # DAPO's dynamic sampling: keep the groups whose rewards differ
-            keep, keep_metrics = self._keep_groups(rewards, G, shard)
+            keep, keep_metrics = self._keep_groups(ro.rewards, G, shard)
             ro = ro.select(keep)  # every per-row field (Rollout.select)
             metrics.update(keep_metrics)
             n_kept = ro.completion_ids.shape[0]
@@ -169,7 +170,7 @@ class RolloutEngine:
         })
         metrics.update(cost_metrics(cost, n_generated, completion.shape[1]))
         if shard.world_size > 1:  # per-process metrics of the rewards, selection and cost: mean over equal shares
-            keys = [k for k in metrics if k.startswith(("egspo/", "rollout/", "reward/"))]
+            keys = [k for k in metrics if k.startswith(("egspo/", "igpo/", "rollout/", "reward/"))]
             vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
             metrics.update(zip(keys, (vals / shard.world_size).tolist()))
         return replace(
@@ -178,6 +179,33 @@ class RolloutEngine:
             loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
                        if self.task.cfg.loss_mask == "reward" else None),
         )
+
+    def _score(self, completion: torch.Tensor, texts: list[str],
+               items: list[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The task's rewards of decoded completions (n,) and their components; ``truncated_reward`` for a
+        completion with no EOS."""
+        rewards, components = self.task.score(texts, items)
+        if self.truncated_reward is not None:  # no EOS: the completion ran out of canvas
+            cut = ~(completion == self.bundle.eos_token_id).any(-1).to(rewards.device)  # (n,)
+            rewards = torch.where(cut, torch.tensor(self.truncated_reward, dtype=rewards.dtype, device=rewards.device),
+                                  rewards)
+        return rewards, components
+
+    def _tools(self, behaviour: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int,
+               rollout_id: int) -> RolloutTools:
+        """The sampler, decoder and rewards of this rollout for the objective's hook (``revise_rollout``);
+        a resample of rows ``first ..`` draws its own noise (``_RESAMPLE_SALT``), keyed by global row."""
+        def sample(first: int, canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = slice(first, first + canvas.shape[0])
+            completion, logp, _, _ = self._generate(behaviour, ids[rows], mask[rows], offset + first, rollout_id, None,
+                                                    canvas.to(ids.device), salt=_RESAMPLE_SALT)
+            return completion, logp
+
+        eos = self.bundle.eos_token_id
+        return RolloutTools(task=self.task, tokenizer=self.bundle.tokenizer, mask_id=self.bundle.mask_token_id,
+                            eos_id=eos, run_seed=self.seed, sample=sample,
+                            decode=lambda comp: decode_completions(self.bundle.tokenizer, comp, eos),
+                            score=self._score, behaviour=logits_fn(behaviour))
 
     def _keep_groups(self, rewards: torch.Tensor, G: int, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
         """Rows of the ``1 / oversample`` share of this process's groups to train on: groups whose
@@ -206,7 +234,8 @@ class RolloutEngine:
 
     def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
                   recorder: TrajectoryRecorder | None,
-                  canvas: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  canvas: torch.Tensor | None = None,
+                  salt: int = _GUMBEL_SALT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions (n, L), the sampler's log-prob of each of their tokens (n, L), ``[entropy sum,
         committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled
         tokens]`` (4,) float64 summed over this process's rows."""
@@ -217,7 +246,7 @@ class RolloutEngine:
         parts, logps = [], []
         ent = torch.zeros(2, dtype=torch.float64, device=ids.device)
         cost = torch.zeros(5, dtype=torch.float64, device=ids.device)
-        key = mix_seed(self.seed, rollout_id, _GUMBEL_SALT)
+        key = mix_seed(self.seed, rollout_id, salt)
         for s in range(0, n, size):
             # each row keyed by its global row: the same rows draw the same noise in any chunks, on any number of processes
             noise = RowNoise.rows(key, offset + s, ids[s:s + size].shape[0])

@@ -152,6 +152,17 @@ class Task(ABC):
                     out[b, i] = single_token(tokenizer, text)
         return out
 
+    def hint_reference(self, item: dict[str, Any]) -> str | list[str]:
+        """The reference completion a hint is cut from (IGPO's inpainting, ``rl/objectives/igpo.py``): a
+        text, tokenized and cut into chunks placed with their gaps stretched to the canvas, or one token
+        text per completion position from the first (a task whose answer has fixed cells: Sudoku's
+        solution). A task with no reference says so here."""
+        raise ConfigError("task.name", self.cfg.name, "has no reference completion to cut IGPO hints from")
+
+    def correctness(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[bool]:
+        """Whether each completion is right (IGPO's all-wrong test); a task with no such notion says so."""
+        raise ConfigError("task.name", self.cfg.name, "does not say which completions are right (IGPO needs it)")
+
     def token_rewards(self, item: dict[str, Any], tokens: list[str]) -> list[float] | None:
         """The reward earned by each completion token, summing to the completion's reward, for
         ``advantage=per_token``; None: the reward does not split over tokens (the default)."""

@@ -28,8 +28,10 @@ from diffusion_rl.rewards.sudoku import (
     N_CELLS,
     SYMBOLS,
     UNITS,
+    cell_score,
     is_valid_solution,
     keeps_givens,
+    parse_answer,
     sudoku_cell_reward,
     sudoku_metrics,
 )
@@ -345,6 +347,14 @@ class SudokuTask(Task):
         if not self.cfg.pin_givens:
             return None
         return [None if c == "0" else c for c in item["puzzle"]]
+
+    def hint_reference(self, item: dict[str, Any]) -> list[str]:
+        """The solution is the reference: a hint is a run of solution cells at their own positions."""
+        return list(item["solution"])
+
+    def correctness(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[bool]:
+        """Right = every empty cell holds the solution's digit (the cell reward at 1)."""
+        return [cell_score(parse_answer(c), it["puzzle"], it["solution"]) == 1.0 for c, it in zip(completions, items, strict=True)]
 
     def prompt(self, item: dict[str, Any]) -> str:
         """The puzzle then ``=``; with pinned givens (and ``givens_in_prompt`` off) the ``=`` alone, the

@@ -183,6 +183,11 @@ class TextTask(Task):
             return self.answer(item)
         return f"<reasoning>\n{self.reasoning(item)}\n</reasoning>\n<answer>\n{self.answer(item)}\n</answer>\n"
 
+    def hint_reference(self, item: dict[str, Any]) -> str:
+        """The gold completion (:meth:`target`): the worked reasoning and the answer for chat prompts, the
+        bare answer for compact ones; IGPO cuts its hints from it."""
+        return self.target(item)
+
     def _check_templates(self) -> None:
         used = ["compact_template"] if self.compact else ["chat_user_template"]
         for key in used + (["chat_train_system", "chat_eval_system"] if not self.compact else []):

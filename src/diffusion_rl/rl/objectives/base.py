@@ -106,6 +106,26 @@ class Scores:
 
 
 @dataclass
+class RolloutTools:
+    """What an objective's rollout-time hook (:meth:`Objective.revise_rollout`) may call: the rollout
+    engine's own sampler, decoder and rewards, and the behaviour policy, so a hook resamples through the
+    same path as the rollout (IGPO's hinted regeneration)."""
+
+    task: Any  # diffusion_rl.tasks.base.Task (a higher layer: not imported here)
+    tokenizer: Any
+    mask_id: int
+    eos_id: int
+    run_seed: int
+    # (first row, canvas (m, L)) -> completions (m, L) and the sampler's log-prob of each token (m, L):
+    # rows first .. first + m - 1 of this process, sampled from ``canvas`` with noise of their own
+    sample: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    decode: Callable[[torch.Tensor], list[str]]  # completions (m, L) -> texts up to the first EOS
+    # (completions, texts, items) -> composite rewards (m,) and components, as the rollout scored its own
+    score: Callable[[torch.Tensor, list[str], list[dict[str, Any]]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    behaviour: Forward  # the behaviour policy, (ids, attention_mask) -> logits
+
+
+@dataclass
 class StepContext:
     """What an objective may use for one inner update."""
 
@@ -217,6 +237,12 @@ class Objective(ABC):
         """``(n, K)`` recorded denoising steps to train on (``-1``: unused slot) and metrics;
         objectives with ``needs_trajectory`` implement it."""
         raise NotImplementedError(f"objective {self.cfg.name} trains on no selected steps")
+
+    def revise_rollout(self, ro: Rollout, tools: RolloutTools) -> tuple[Rollout, dict[str, float]]:
+        """The rollout this objective trains on, given the one sampled and scored (before any advantage):
+        unchanged by default; IGPO replaces rows of all-wrong groups with hinted samples. Metrics are
+        this process's."""
+        return ro, {}
 
     # ---- per inner update ---------------------------------------------------------------
     @abstractmethod
