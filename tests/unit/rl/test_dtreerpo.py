@@ -17,7 +17,12 @@ from diffusion_rl.app.train import build
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives.base import StepContext
-from diffusion_rl.rl.objectives.dtreerpo import DTreeRPOConfig, dtreerpo_loss, schedule, self_distillation
+from diffusion_rl.rl.objectives.dtreerpo import (
+    DTreeRPOConfig,
+    dtreerpo_loss,
+    schedule,
+    self_distillation,
+)
 from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.rl.tree import TreeConfig, node_values, sibling_advantages
 from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
