@@ -372,7 +372,7 @@ def generate(
     them, still partly masked when ``stop_step < cfg.steps``. ``canvas`` then holds the state after
     ``start_step`` steps; a block entered part-way spreads its masked positions over the steps it has
     left, as the uninterrupted schedule does, so stopping and continuing with the same ``noise``
-    gives the uninterrupted run's tokens (tests/unit/sampling/test_sampler_resume.py).
+    gives the uninterrupted run's tokens (tests/unit/rl/test_dtreerpo.py).
     """
     B, P = prompt_ids.shape
     device = prompt_ids.device
