@@ -29,7 +29,7 @@ from diffusion_rl.models.build import base_identity, build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, check_cache_support
 from diffusion_rl.rl.advantages import ADVANTAGES, AdvantageEstimator
 from diffusion_rl.rl.objectives import OBJECTIVES, Objective
-from diffusion_rl.rl.rollout import RolloutConfig
+from diffusion_rl.rl.rollout import RolloutConfig, check_tree
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import check_block_sampler
 from diffusion_rl.tasks import TASKS, Task, TaskDataModule
@@ -194,6 +194,7 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     objective = obj_cls(obj_cfg, likelihood)
     objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
     objective.check_advantage(advantage.cfg.name)
+    check_tree(run.rollout.tree, sampler, bundle.block_size, objective, run.rollout.oversample)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
 
 
@@ -247,7 +248,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             check_base(ckpt, base)
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
                                    old_policy=c.run.old_policy, oversample=c.run.rollout.oversample,
-                                   truncated_reward=c.run.rollout.truncated_reward)
+                                   truncated_reward=c.run.rollout.truncated_reward, tree=c.run.rollout.tree)
         module.warm_start, module.base = provenance, base
         module.run_config = config  # type: ignore[assignment]
         L.seed_everything(c.run.seed, workers=True, verbose=False)  # from here on the RL seed

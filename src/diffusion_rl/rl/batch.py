@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import torch
 
 from diffusion_rl.core.distributed import Shard
+from diffusion_rl.rl.tree import Tree
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 
@@ -51,6 +52,9 @@ class Rollout:
     # (n, L) the behaviour policy's predictive entropy at each completion position, the completion masked
     # (IGPO's filter of hint positions); None: not computed
     hint_entropy: torch.Tensor | None = None
+    # tree rollouts (rollout.tree, rl/tree.py): every node of this process's trees, the rows being the
+    # leaves; None: G independent samples per prompt
+    tree: Tree | None = None
 
     # The fields that are not one value per row of this process, so :meth:`select` leaves them as they
     # are: ``rollout_id`` and ``group_size`` describe the batch; ``all_rewards`` holds every process's

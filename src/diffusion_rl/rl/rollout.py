@@ -36,7 +36,7 @@ sampler's cost:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -49,9 +49,10 @@ from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_
 from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import Objective, RolloutTools
+from diffusion_rl.rl.tree import Tree, TreeConfig, grow_trees
 from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
-from diffusion_rl.sampling.sampler import completion_mask
+from diffusion_rl.sampling.sampler import SampleOutput, completion_mask
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from diffusion_rl.tasks.base import Task
 
@@ -71,10 +72,34 @@ class RolloutConfig:
     # null keeps the task's. TraceRL counts truncated responses as wrong (reward/rl_reward.py): 0.0
     # there. Off by default: a Sudoku answer fills the whole 16-token completion, with no room for EOS
     truncated_reward: float | None = None
+    # tree rollouts (rl/tree.py): a prompt's group is the leaves of a tree of partial states, and
+    # task.group_size is not used; branches: [] (default) samples the group independently
+    tree: TreeConfig = field(default_factory=TreeConfig)
 
     def validate(self) -> None:
         if self.oversample < 1:
             raise ConfigError("rollout.oversample", self.oversample, "must be >= 1 (1 = off)")
+        self.tree.validate()
+
+
+def check_tree(tree: TreeConfig, sampler: SamplerConfig, block_size: int, objective: Objective,
+               oversample: int = 1) -> None:
+    """Fail in one line when the rollout mode does not fit the sampler, model or objective."""
+    if objective.needs_tree and not tree.enabled:
+        raise ConfigError("rollout.tree.branches", tree.branches,
+                          f"objective {objective.cfg.name} trains on tree rollouts: give the children per branch "
+                          "point, e.g. [4, 4]")
+    if not tree.enabled:
+        return
+    tree.validate(sampler)
+    if block_size > 0:
+        raise ConfigError("rollout.tree.branches", tree.branches,
+                          "tree rollouts run the masked-diffusion sampler: a block model (model.block_size > 0) has none")
+    if objective.needs_trajectory:
+        raise ConfigError("rollout.tree.branches", tree.branches,
+                          f"objective {objective.cfg.name} trains on a recorded trajectory, which a tree does not record")
+    if oversample > 1:
+        raise ConfigError("rollout.oversample", oversample, "must be 1 with rollout.tree (a tree is kept whole)")
 
 
 class RolloutEngine:
@@ -82,15 +107,19 @@ class RolloutEngine:
     behaviour policy), so the same engine serves a frozen copy or the policy itself."""
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
-                 sampler: SamplerConfig, seed: int = 0, oversample: int = 1, truncated_reward: float | None = None):
+                 sampler: SamplerConfig, seed: int = 0, oversample: int = 1, truncated_reward: float | None = None,
+                 tree: TreeConfig | None = None):
         self.bundle, self.task, self.objective, self.advantage = bundle, task, objective, advantage
         self.sampler, self.seed, self.oversample = sampler, seed, oversample
         self.truncated_reward = truncated_reward
+        self.tree = tree or TreeConfig()
+        check_tree(self.tree, sampler, bundle.block_size, objective, oversample)
 
     @torch.no_grad()
     def __call__(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Rollout:
         t0 = time.perf_counter()
-        G, tok, eos = self.task.cfg.group_size, self.bundle.tokenizer, self.bundle.eos_token_id
+        G = self.tree.leaves if self.tree.enabled else self.task.cfg.group_size
+        tok, eos = self.bundle.tokenizer, self.bundle.eos_token_id
         device = next(behaviour.parameters()).device
         prompts = [self.task.prompt(it) for it in items for _ in range(G)]
         ids, mask = encode_prompts(tok, prompts, device, self.bundle.block_size)  # (N, P)
@@ -104,8 +133,13 @@ class RolloutEngine:
         if self.objective.needs_trajectory:
             traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values,
                                       variable_steps=self.sampler.decode != "fixed")
-        completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj,
-                                                               canvas)
+        tree = None
+        if self.tree.enabled:
+            completion, token_logp, entropy, cost, tree = self._grow(behaviour, ids, mask, shard.offset, rollout_id,
+                                                                     canvas, G)
+        else:
+            completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id,
+                                                                   traj, canvas)
         pinned = None if canvas is None else canvas != self.bundle.mask_token_id  # (n, L) the task's known tokens
         n_generated = completion.shape[0]  # this process's rows, before dynamic sampling keeps some
         generated = completion.numel() * shard.world_size  # tokens, before dynamic sampling keeps some
@@ -122,7 +156,7 @@ class RolloutEngine:
             rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
             completion_mask=completion_mask(completion, eos), texts=texts, items=group_items, rewards=rewards,
             all_rewards=rewards, reward_components=components, advantages=rewards, shard=shard, trajectory=traj,
-            metrics=metrics, sampler_logp=token_logp, pinned=pinned,
+            metrics=metrics, sampler_logp=token_logp, pinned=pinned, tree=tree,
         )
         ro, revised = self.objective.revise_rollout(ro, self._tools(behaviour, ids, mask, shard.offset, rollout_id))
         metrics.update(revised)
@@ -175,7 +209,7 @@ class RolloutEngine:
             metrics.update(zip(keys, (vals / shard.world_size).tolist()))
         return replace(
             ro, rewards=rewards, all_rewards=all_rewards, advantages=adv[shard.rows(adv.shape[0])],
-            selected_steps=steps, metrics=metrics,
+            selected_steps=steps, metrics=metrics, tree=None if ro.tree is None else ro.tree.score(rewards),
             loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
                        if self.task.cfg.loss_mask == "reward" else None),
         )
@@ -264,6 +298,50 @@ class RolloutEngine:
         return torch.cat(parts), torch.cat(logps), ent, cost
 
 
+    def _grow(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
+              canvas: torch.Tensor | None, G: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Tree]:
+        """Tree rollouts (``rl/tree.py``): as :meth:`_generate`, and the trees. A leaf's sampler log-probs
+        are those of the nodes on its path (each position is committed at one of them); the cost
+        counts every node's sampler calls, per leaf."""
+        if offset % G or ids.shape[0] % G:
+            raise ConfigError("rollout.tree.branches", self.tree.branches,
+                              f"each process must hold whole trees of {G} leaves (task.prompts_per_batch per process)")
+        was_training = net.training
+        net.eval()
+        mask_id, size = self.bundle.mask_token_id, self.sampler.rollout_batch_size
+
+        def grow(p: torch.Tensor, m: torch.Tensor, c: torch.Tensor, noise: RowNoise, a: int, b: int) -> SampleOutput:
+            step = size or p.shape[0]
+            outs = [policy_generate(net, 0, p[s:s + step], m[s:s + step], self.sampler, mask_id,
+                                    RowNoise(noise.seeds[s:s + step]), eos_id=self.bundle.eos_token_id,
+                                    canvas=c[s:s + step], start_step=a, stop_step=b)
+                    for s in range(0, p.shape[0], step)]
+            return merge_outputs(outs)
+
+        start = torch.full((ids.shape[0], self.sampler.gen_length), mask_id, dtype=ids.dtype, device=ids.device)
+        if canvas is not None:
+            start = canvas.to(ids)
+        key = mix_seed(self.seed, rollout_id, _GUMBEL_SALT)
+        tree, outs = grow_trees(self.tree, self.sampler.steps, ids, mask, start, grow, key, offset // G)
+        ent = torch.zeros(2, dtype=torch.float64, device=ids.device)
+        cost = torch.zeros(5, dtype=torch.float64, device=ids.device)
+        logp = []  # (nodes at depth d, L) each level's own committed tokens
+        for d, out in enumerate(outs):
+            if out is None:  # roots that are the start canvas: nothing committed
+                logp.append(torch.zeros(int((tree.depth == d).sum()), start.shape[1], device=ids.device))
+                continue
+            assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
+            ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
+            cost += out.completion.shape[0] * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled,
+                                                            out.edited], dtype=torch.float64, device=ids.device)
+            logp.append(out.token_logp)
+        node_logp = torch.cat(logp)  # (M, L) each node's own committed tokens
+        for d in range(1, int(tree.depth.max()) + 1):  # a node's path: its parent's path and its own
+            at = (tree.depth == d).nonzero()[:, 0]
+            node_logp[at] += node_logp[tree.parent[at]]
+        net.train(was_training)
+        return tree.states[tree.leaf], node_logp[tree.leaf], ent, cost, tree
+
     def _greedy_completions(self, traj: TrajectoryRecorder | None, steps: torch.Tensor | None,
                             completion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy one-step completions at every selected step, (m, L), and the row of each (m,);
@@ -278,6 +356,25 @@ class RolloutEngine:
             hit = sel == s
             comps[hit] = traj.greedy_completion(s)[bi[hit], -L:].to(comps.dtype)
         return comps, bi
+
+
+def merge_outputs(outs: list[SampleOutput]) -> SampleOutput:
+    """One sampler output of several calls over consecutive rows (the same schedule): tensors
+    concatenated, the per-row cost averaged over the rows."""
+    if len(outs) == 1:
+        return outs[0]
+    rows = [o.completion.shape[0] for o in outs]
+    n = sum(rows)
+
+    def cat(name: str) -> torch.Tensor:
+        return torch.cat([getattr(o, name) for o in outs])
+
+    def mean(name: str) -> float:
+        return sum(r * float(getattr(o, name)) for r, o in zip(rows, outs)) / n
+
+    return SampleOutput(cat("sequences"), cat("completion"), cat("entropy_sum"), cat("num_committed"),
+                        cat("token_logp"), round(mean("forwards")), round(mean("forward_tokens")),
+                        round(mean("steps")), mean("filled"), mean("edited"))
 
 
 def cost_metrics(cost: torch.Tensor, rows: int, gen_length: int) -> dict[str, float]:

@@ -202,10 +202,14 @@ def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Te
 def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                     cfg: SamplerConfig, mask_id: int, noise: RowNoise | None = None,
                     recorder: StepRecorder | None = None, eos_id: int | None = None,
-                    canvas: torch.Tensor | None = None) -> SampleOutput:
+                    canvas: torch.Tensor | None = None, start_step: int = 0,
+                    stop_step: int | None = None) -> SampleOutput:
     """The sampler a network needs: block diffusion for a block model (``block_size > 0``), with the
     key/value cache where the network supports it, else the masked-diffusion sampler (with
-    ``sampler.cache`` on ``net``)."""
+    ``sampler.cache`` on ``net``). ``start_step`` / ``stop_step``: a part of the masked-diffusion
+    sampler's schedule (:func:`~diffusion_rl.sampling.sampler.generate`; tree rollouts)."""
+    if block_size > 0 and (start_step, stop_step) != (0, None):
+        raise ValueError("a part of the schedule (start_step / stop_step) runs in the masked-diffusion sampler only")
     if cfg.editing_threshold is not None and block_size == 0:
         raise ConfigError("sampler.editing_threshold", cfg.editing_threshold,
                           "token editing runs in the block sampler: it needs a block model (model.block_size > 0)")
@@ -213,4 +217,4 @@ def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, p
         return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, noise, recorder,
                               use_cache=getattr(net, "supports_kv_cache", False), eos_id=eos_id, canvas=canvas)
     return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, noise, recorder, net=net, eos_id=eos_id,
-                    canvas=canvas)
+                    canvas=canvas, start_step=start_step, stop_step=stop_step)

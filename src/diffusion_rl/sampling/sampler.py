@@ -356,6 +356,8 @@ def generate(
     net: nn.Module | None = None,
     eos_id: int | None = None,
     canvas: torch.Tensor | None = None,
+    start_step: int = 0,
+    stop_step: int | None = None,
 ) -> SampleOutput:
     """Run the remasking sampler; ``forward(ids, attention_mask) -> logits (B, T, V)``.
 
@@ -364,6 +366,13 @@ def generate(
     positions to decode; any other token is pinned (a task's known tokens: never masked, sampled or
     committed, and each block commits its masked positions only); None: every position masked.
     ``noise``: each row's random numbers (``sampling/noise.py``; None: the global generator).
+
+    ``start_step`` / ``stop_step`` (``decode=fixed`` only; a tree rollout's branches, ``rl/tree.py``):
+    run the denoising steps ``start_step .. stop_step - 1`` of the schedule and return the state after
+    them, still partly masked when ``stop_step < cfg.steps``. ``canvas`` then holds the state after
+    ``start_step`` steps; a block entered part-way spreads its masked positions over the steps it has
+    left, as the uninterrupted schedule does, so stopping and continuing with the same ``noise``
+    gives the uninterrupted run's tokens (tests/unit/rl/test_dtreerpo.py).
     """
     B, P = prompt_ids.shape
     device = prompt_ids.device
@@ -379,12 +388,29 @@ def generate(
     full = lambda ids, keep: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id, keep)  # noqa: E731
     source = step_logits(cfg.cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
                          cfg.cache_refresh, keep_full=recorder is not None)
+    fixed = cfg.decode == "fixed"
+    stop = (cfg.steps if stop_step is None else stop_step) if fixed else torch.iinfo(torch.int64).max
+    spb = cfg.steps_per_block
+    if (start_step, stop_step) != (0, None):
+        if not fixed:
+            raise ValueError(f"start_step / stop_step need sampler.decode=fixed, not {cfg.decode}")
+        if not 0 <= start_step <= stop <= cfg.steps:
+            raise ValueError(f"steps {start_step} .. {stop} must lie in 0 .. sampler.steps={cfg.steps}")
     ended_at = torch.full((B,), P + L, dtype=torch.long, device=device)  # stop_after_eos: where a row ended
-    step = 0
-    for b in range(cfg.num_blocks):
+    all_ended = False
+    for b in range(start_step // spb if cfg.stop_after_eos else 0):  # the block ends already passed, in order
+        end = P + (b + 1) * bl
+        all_ended = end < P + L and mark_ended(x, P, end, eos_id, mask_id, ended_at)  # type: ignore[arg-type]
+    step = start_step
+    for b in range(start_step // spb, cfg.num_blocks):
+        if all_ended or step >= stop:
+            break
         start, end = P + b * bl, P + (b + 1) * bl
         live = ended_at > start  # (B,) the rows still decoding
-        for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, cfg.steps_per_block, live)):
+        left = (b + 1) * spb - step if fixed else spb  # this block's steps not yet taken (all unless resumed in it)
+        for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, left, live)):
+            if step >= stop:
+                break
             off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R, the block inside
             blk = logits[:, start - off:end - off]  # (B, bl, V): candidates, confidences and noise only here
             cand, commit = denoise_step(blk, (x[:, start:end] == mask_id) & live[:, None], k, cfg, noise, gdtype)
@@ -393,9 +419,10 @@ def generate(
                 recorder.on_step(step, x.clone(), *source.widen(x, logits, off, start, cand, commit))
             x[:, start:end] = torch.where(commit, cand, x[:, start:end])
             step += 1
-        if cfg.stop_after_eos and end < P + L and mark_ended(x, P, end, eos_id, mask_id, ended_at):  # type: ignore[arg-type]
-            break
-    if cfg.stop_after_eos:
+        block_done = not fixed or step == (b + 1) * spb
+        if cfg.stop_after_eos and block_done and end < P + L:
+            all_ended = mark_ended(x, P, end, eos_id, mask_id, ended_at)  # type: ignore[arg-type]
+    if cfg.stop_after_eos and (not fixed or stop == cfg.steps):  # a stopped state stays masked: its continuation fills it
         x = fill_after(x, ended_at, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
     return stats.finish(x, x[:, P:])
 

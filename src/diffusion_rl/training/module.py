@@ -47,6 +47,7 @@ from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import Objective, StepContext
 from diffusion_rl.rl.rollout import RolloutEngine
+from diffusion_rl.rl.tree import TreeConfig
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
 from diffusion_rl.training.checkpoint import RUN_KEY, rng_state, set_rng_state
@@ -98,7 +99,7 @@ class DiffusionRLModule(L.LightningModule):
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
                  sampler: SamplerConfig, optim: OptimConfig, seed: int = 0, old_policy: str = "copy",
-                 oversample: int = 1, truncated_reward: float | None = None):
+                 oversample: int = 1, truncated_reward: float | None = None, tree: TreeConfig | None = None):
         super().__init__()
         optim.validate()
         sampler.validate()
@@ -114,7 +115,8 @@ class DiffusionRLModule(L.LightningModule):
                               f"must be 0 with objective {objective.cfg.name} (its trajectory is recorded in one sampler call)")
         self.bundle, self.task, self.objective = bundle, task, objective
         self.sampler_cfg, self.optim_cfg, self.seed = sampler, optim, seed
-        self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, seed, oversample, truncated_reward)
+        self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, seed, oversample, truncated_reward,
+                                      tree)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
         # a ratio-free objective that scores no behaviour policy needs no frozen copy of it: the
@@ -260,7 +262,7 @@ class DiffusionRLModule(L.LightningModule):
 
     def inner_update(self, ctx: StepContext, inner_iter: int) -> None:
         """One optimizer step on the objective's loss; a non-finite loss or gradient skips it."""
-        ctx.inner_iter = inner_iter
+        ctx.inner_iter, ctx.step = inner_iter, self.global_step
         opt, sched = self.optimizers(), self.lr_schedulers()
         assert not isinstance(opt, list) and sched is not None and not isinstance(sched, list)
         t0 = time.perf_counter()

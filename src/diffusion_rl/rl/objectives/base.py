@@ -140,6 +140,7 @@ class StepContext:
     # the policy holds the behaviour policy's weights (the module sets it for the first update after a
     # rollout): old values scored like the policy's are then the policy's own (scores_old_like_policy)
     policy_is_old: bool = False
+    step: int = 0  # optimizer steps taken before this update (a schedule over training: d-TreeRPO's)
 
 
 # ---- shared loss helpers ----------------------------------------------------------------
@@ -213,6 +214,7 @@ class Objective(ABC):
     # advantage estimators (rl/advantages.py) whose output this objective can use
     advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL)
+    needs_tree: ClassVar[bool] = False  # trains on tree rollouts' edges (rollout.tree, rl/tree.py: d-TreeRPO)
     kl_agg: str = "seq-mean-token-mean"  # how the KL units reduce to the penalty (agg_loss's modes)
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):
