@@ -88,6 +88,9 @@ class Rollout:
                 return {k: pick(f"{name}[{k!r}]", v) for k, v in value.items()}
             if isinstance(value, TrajectoryRecorder):
                 return value.select(keep)
+            if isinstance(value, Tree):  # its nodes hold every leaf's ancestors: kept whole or not at all
+                raise TypeError(f"Rollout.{name}: a tree rollout is kept whole, select() cannot keep some of its "
+                                "leaves (rollout.oversample must be 1 with rollout.tree)")
             raise TypeError(f"Rollout.{name} ({type(value).__name__}) is not one value per row of the {n}: "
                             "select() cannot keep its rows; list it in Rollout.NOT_PER_ROW if it is batch-level")
 

@@ -112,12 +112,16 @@ def every_field_rollout(tiny_bundle) -> Rollout:
         advantages=r[:, None].expand(n, 3) + torch.arange(3.0), shard=Shard(0, 2, 0), trajectory=rec,
         selected_steps=torch.arange(n)[:, None].repeat(1, 2), metrics={"m": 1.0},
         loss_mask=torch.rand(comp.shape), sampler_logp=-torch.rand(comp.shape), pinned=torch.rand(comp.shape) > 0.5,
+        hints=torch.rand(comp.shape) > 0.5, hint_entropy=torch.rand(comp.shape),
     )
+
+
+WHOLE = {"tree"}  # fields select() refuses rather than split (test_a_tree_rollout_is_not_split)
 
 
 def test_rollout_select_keeps_the_rows_of_every_per_row_field(tiny_bundle):
     ro = every_field_rollout(tiny_bundle)
-    unset = [f.name for f in fields(Rollout) if getattr(ro, f.name) is None]
+    unset = [f.name for f in fields(Rollout) if getattr(ro, f.name) is None and f.name not in WHOLE]
     assert not unset, f"set {unset} in every_field_rollout so this test checks that select() keeps their rows"
     # the fields select() leaves alone; a field added here must not be one value per row
     assert Rollout.NOT_PER_ROW == {"rollout_id", "group_size", "all_rewards", "shard", "metrics"}
@@ -125,6 +129,8 @@ def test_rollout_select_keeps_the_rows_of_every_per_row_field(tiny_bundle):
     sub = ro.select(keep)
     for f in fields(Rollout):
         old, new = getattr(ro, f.name), getattr(sub, f.name)
+        if f.name in WHOLE:
+            continue
         if f.name in Rollout.NOT_PER_ROW:
             assert new is old, f.name
         elif isinstance(old, torch.Tensor):
@@ -140,6 +146,16 @@ def test_rollout_select_keeps_the_rows_of_every_per_row_field(tiny_bundle):
             pytest.fail(f"Rollout.{f.name}: a {type(old).__name__}, which this test cannot check")
     by_mask = ro.select(torch.tensor([False, True, False, True]))  # a bool mask keeps rows in their order
     assert torch.equal(by_mask.completion_ids, ro.completion_ids[[1, 3]]) and by_mask.texts == ["t1", "t3"]
+
+
+def test_a_tree_rollout_is_not_split(tiny_bundle):
+    """A tree's nodes hold every leaf's ancestors: select() refuses it in one line rather than keep a
+    tree whose leaves are gone (tree rollouts refuse rollout.oversample > 1 before they start)."""
+    from diffusion_rl.rl.tree import Tree
+
+    ro = replace(every_field_rollout(tiny_bundle), tree=Tree.__new__(Tree))
+    with pytest.raises(TypeError, match="rollout.oversample must be 1 with rollout.tree"):
+        ro.select(torch.tensor([3, 1]))
 
 
 def test_rollout_select_covers_a_new_field_and_refuses_one_it_cannot_split(tiny_bundle):
