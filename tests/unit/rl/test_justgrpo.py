@@ -1,6 +1,6 @@
 """JustGRPO (rl/objectives/justgrpo.py): parity with a transcription of the public training step on
 random tensors and on the tiny model's own left-to-right rollouts; the exact per-token log-probs
-against the sampler's; the loss's invariants; the rollout sampler; the configs.
+against the sampler's; the loss's invariants; the rollout sampler; the configs; two processes (slow).
 
 The reference below is written from LeapLabTHU/JustGRPO @ eebe50e (``grpo.py``: ``logprob_loss``,
 ``compute_group_advantages``; ``train.py``: the step that splits each group into ``repeat_times``
@@ -425,3 +425,64 @@ def test_wrong_pieces_fail_at_start_up_in_one_line(tmp_path, overrides, key):
     assert str(err.value).startswith(key) and "\n" not in str(err.value)
     if key == "sampler.stop_after_eos":  # with the scored tokens only, the filled EOS are never read
         build(compose_cfg(["objective=justgrpo", *overrides, "objective.tokens=scored"], tmp_path))
+
+
+# ---------------------------------------------------------------- two processes
+
+
+def _loss_on(shard):
+    """The loss of one left-to-right rollout of 3 groups of 4 (the second spanning both halves, chunks
+    of 2 groups), computed by the process ``shard`` describes from its own rows."""
+    from diffusion_rl.likelihood.base import LikelihoodConfig
+    from diffusion_rl.likelihood.one_step import OneStepEstimator
+    from diffusion_rl.models.build import build_policy
+    from diffusion_rl.models.policy import ModelConfig
+    from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
+    from tests.helpers.common import rollout_of
+
+    torch.manual_seed(0)
+    bundle = build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
+    ids, pmask = encode_prompts(bundle.tokenizer, [p for p in ["1203=", "4021=", "3300="] for _ in range(4)])
+    net = bundle.net.eval()
+    out = generate(logits_fn(net), ids, pmask, SamplerConfig(gen_length=8, block_length=1, steps=8, temperature=1.0),
+                   bundle.mask_token_id, RowNoise.rows(3, 0, ids.shape[0]))
+    rewards = torch.tensor([1.0, -1, -1, -1, 1, 1, -1, 0, -1, -1, -1, -1])
+    adv, _ = GroupStdAdvantage(AdvantageConfig())(rewards, 4)
+    rows = shard.rows(ids.shape[0])
+    ro = rollout_of(ids[rows], pmask[rows], out.completion[rows], completion_mask(out.completion, bundle.eos_token_id)[rows],
+                    rewards[rows], adv[rows], 4, shard=shard, sampler_logp=out.token_logp[rows])
+    ro = replace(ro, all_rewards=rewards)
+    obj = JustGRPO(JustGRPOConfig(norm_groups=2), OneStepEstimator(LikelihoodConfig(), bundle.mask_token_id))
+    loss, m = obj.loss(StepContext(ro, 0, 0, logits_fn(net), None, None))
+    loss.backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
+    return loss.item(), m["justgrpo/nonzero_adv_frac"].item(), grad * shard.world_size  # the module's scaling
+
+
+def _ddp_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    from diffusion_rl.core.distributed import Shard
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.save(_loss_on(Shard(rank, world, rank * 12 // world)), f"{out_dir}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_loss_and_gradient(tmp_path):
+    """Gloo, two processes with 6 rows each: the chunks are cut by global group, so each process computes
+    the one-process loss, and the gradients its rows give (times 2, averaged by the strategy) sum to it."""
+    import torch.multiprocessing as mp
+
+    from diffusion_rl.core.distributed import Shard
+
+    loss, frac, grad = _loss_on(Shard())
+    assert frac == pytest.approx(8 / 12)  # the third group agrees
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    parts = [torch.load(tmp_path / f"{rank}.pt") for rank in range(2)]
+    for two_loss, two_frac, _ in parts:
+        assert two_loss == pytest.approx(loss, abs=1e-7) and two_frac == frac
+    torch.testing.assert_close((parts[0][2] + parts[1][2]) / 2, grad, atol=1e-7, rtol=1e-5)

@@ -19,7 +19,7 @@ so they do not dilute the others. Metrics: ``justgrpo/nonzero_adv_frac`` (share 
 ``A != 0``), ``justgrpo/tokens_per_sample`` (positions scored, each one forward) and, with
 ``ratio_diagnostic=true``, ``ratio/*``: the per-token log-ratio of the policy against the sampler's
 own recorded log-probability of each token (``Rollout.sampler_logp``: the rollout policy's exact
-value, no forward spent), ~1e-7 at the first update of a rollout (float batching only) and the
+value, no forward spent), below 1e-5 at the first update of a rollout (float batching only) and the
 drift of a reused rollout after it.
 
 Source: Ni et al. 2026, "The Flexibility Trap: Why Arbitrary Order Limits Reasoning Potential in
