@@ -193,6 +193,7 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
         check_cache_support(bundle.net, sampler.cache)
     objective = obj_cls(obj_cfg, likelihood)
     objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
+    objective.rollout_sampler(sampler).validate()  # an objective with its own rollout order (justgrpo) checks it here
     objective.check_advantage(advantage.cfg.name)
     check_tree(run.rollout.tree, sampler, bundle.block_size, objective, run.rollout.oversample)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)

@@ -110,7 +110,10 @@ class RolloutEngine:
                  sampler: SamplerConfig, seed: int = 0, oversample: int = 1, truncated_reward: float | None = None,
                  tree: TreeConfig | None = None):
         self.bundle, self.task, self.objective, self.advantage = bundle, task, objective, advantage
-        self.sampler, self.seed, self.oversample = sampler, seed, oversample
+        # the objective's rollout order (JustGRPO's left to right); evaluation keeps the configured sampler
+        self.sampler = objective.rollout_sampler(sampler)
+        self.sampler.validate()
+        self.seed, self.oversample = seed, oversample
         self.truncated_reward = truncated_reward
         self.tree = tree or TreeConfig()
         check_tree(self.tree, sampler, bundle.block_size, objective, oversample)

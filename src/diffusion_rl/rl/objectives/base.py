@@ -49,6 +49,7 @@ from diffusion_rl.rl.objectives.behaviour import (
     mismatch_metrics,
     tis_weights,
 )
+from diffusion_rl.sampling.sampler import SamplerConfig
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
@@ -225,6 +226,13 @@ class Objective(ABC):
     def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
         """Check the objective fits the policy (a :class:`PolicyBundle`) and read what it needs from it
         (TraceRL: whether the model is a block model). Called once at build time, before any work."""
+
+    def rollout_sampler(self, sampler: SamplerConfig) -> SamplerConfig:
+        """The sampler the training rollouts use, made from the configured one (``sampler.*``), which the
+        evaluation uses as it is. Unchanged here; a method that fixes its own decoding order returns the
+        configured sampler with that order (JustGRPO: one token per step, left to right, temperature 1)
+        and raises a :class:`ConfigError` for a configured option the order cannot take."""
+        return sampler
 
     def check_advantage(self, name: str) -> None:
         """Fail in one line when the configured advantage estimator does not fit this objective."""
