@@ -2,9 +2,10 @@
 
 - Two processes through ``src/train.py`` on a tiny checkpoint in LLaDA's released layout equal the
   one-process run on the same global batch: every step's loss, reward and gradient norm, and the
-  updated weights (fp32, 1e-5 relative); LoRA on and off, GRPO and StableDRL (one case in the default
-  tier, the rest ``-m slow``). The checkpoint holds what trained (a LoRA one is far smaller than the
-  base's weights) and ``src/eval.py`` scores it as the run did.
+  updated weights (fp32, 1e-5 relative); LoRA on and off, GRPO and StableDRL, and BGPO, whose loss is
+  backpropagated copy by copy (one case in the default tier, the rest ``-m slow``). The checkpoint holds
+  what trained (a LoRA one is far smaller than the base's weights) and ``src/eval.py`` scores it as the
+  run did.
 - The same through a two-node ``torchrun`` launch on localhost (slow).
 - SIGKILL under FSDP2 and resume from ``last`` equals the uninterrupted run (slow).
 - A rollout all-gathers each unit's weights once, not once per denoising step.
@@ -106,7 +107,9 @@ def two_processes_equal_one(args: list[str], tmp_path: Path) -> None:
 CASES = [pytest.param(0, "stabledrl", id="full-stabledrl"),
          pytest.param(8, "grpo", id="lora-grpo", marks=pytest.mark.slow),
          pytest.param(8, "stabledrl", id="lora-stabledrl", marks=pytest.mark.slow),
-         pytest.param(0, "grpo", id="full-grpo", marks=pytest.mark.slow)]
+         pytest.param(0, "grpo", id="full-grpo", marks=pytest.mark.slow),
+         # one backward per masked copy (Objective.loss_parts): 16 gradient reductions per update
+         pytest.param(0, "bgpo", id="full-bgpo", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("lora,objective", CASES)

@@ -4,8 +4,9 @@ Per batch of prompts, ``training_step`` is four calls:
 1. :meth:`rollout`: ``G`` completions per prompt from the behaviour policy, scored, with advantages
    (``diffusion_rl/rl/rollout.py``, which knows nothing of Lightning);
 2. :meth:`step_context`: what the objective needs (policy forwards; old values when cached);
-3. ``mu`` x :meth:`inner_update`: the objective's loss, backward, total gradient norm *before*
-   clipping, clip, optimizer step. A non-finite loss or gradient skips the update, counts it in
+3. ``mu`` x :meth:`inner_update`: the objective's loss and its backward (part by part where the
+   objective splits it, ``Objective.loss_parts``), total gradient norm *before* clipping, clip,
+   optimizer step. A non-finite loss or gradient skips the update, counts it in
    ``train/skipped_updates`` and leaves weights and optimizer untouched;
 4. :meth:`sync_old_policy`: copy the policy into the old policy.
 
@@ -295,20 +296,25 @@ class DiffusionRLModule(L.LightningModule):
 
     def _loss_and_gradient(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
         """The objective's loss, its backward and the total gradient norm before clipping (clipped in
-        place); the norm is NaN when the loss is not finite (then no backward ran).
+        place); the norm is NaN when the loss is not finite (then the caller drops the gradients).
 
+        The loss comes in parts (``Objective.loss_parts``; one for most objectives), each backpropagated
+        as soon as it is computed, so the gradients accumulate and one part's graph is alive at a time.
         Forward and backward (whose activation checkpointing recomputes the forward) run with dropout
         off: the old values were taken without it, so the ratio is exactly 1 at theta = theta_old."""
         self.policy.train()
+        loss, metrics = torch.zeros(()), {}
         with dropout_disabled(self.policy):
-            loss, metrics = self.objective.loss(ctx)
-            if self.fault is not None:
-                loss = self.fault.corrupt_loss(loss, self.global_step)
-            if not bool(torch.isfinite(loss)):
-                return loss, metrics, math.nan
-            # the loss is the global batch's on every process and strategies average gradients over
-            # processes, so scale by their number (core/distributed.py)
-            self.manual_backward(loss * ctx.rollout.shard.world_size)
+            for part, part_metrics in self.objective.loss_parts(ctx):
+                if self.fault is not None:
+                    part = self.fault.corrupt_loss(part, self.global_step)
+                loss = loss.to(part.device) + part.detach()
+                metrics.update(part_metrics)
+                if not bool(torch.isfinite(part)):
+                    return loss, metrics, math.nan
+                # the loss is the global batch's on every process and strategies average gradients over
+                # processes, so scale by their number (core/distributed.py)
+                self.manual_backward(part * ctx.rollout.shard.world_size)
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         return loss, metrics, clip_grad_norm(self.trainable_parameters(), clip)  # pre-clip, over every shard
 

@@ -66,7 +66,7 @@ def _spy(forward, seen):
     return spy
 
 
-@pytest.mark.parametrize("name", ["one_step", "elbo", "spg_blocks", "complementary", "stratified"])
+@pytest.mark.parametrize("name", ["one_step", "elbo", "spg_blocks", "complementary", "stratified", "even_counts"])
 def test_every_estimator_shows_pinned_tokens_and_never_scores_them(tiny_bundle, name):
     """The network sees each pinned token at its position in every noisy copy, and the estimate (and
     its gradient) does not depend on the log-probability the model gives a pinned token."""

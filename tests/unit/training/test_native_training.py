@@ -63,6 +63,8 @@ def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monk
     extra.append(f"objective.mu={min(OBJECTIVES.get(objective).config_class().mu, 2)}")
     if objective in ("egspo", "egspo_sa"):
         extra.append("objective.K=2")  # the public K = 8 exceeds the small sampler's steps
+    if objective == "bgpo":
+        extra.append("likelihood.num_samples=4")  # 16 copies are 16 forwards and backwards per update; 4 run the same code
     cfg = compose_cfg([f"model={PRESETS[arch]}", f"model.path={folder}", f"model.lora_r={lora}",
                        f"objective={objective}", *extra, *SMALL, *GEN.get(arch, [])], tmp_path, tiny=False)
     import diffusion_rl.app.train as train_mod

@@ -34,7 +34,7 @@ every inner iteration right after the rollout, while the policy still *is* the b
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -368,6 +368,14 @@ class Objective(ABC):
             metrics["train/kl"] = kl.detach()
         metrics.update(self.extra_metrics(ctx))
         return loss, metrics
+
+    def loss_parts(self, ctx: StepContext) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """The update's loss as parts whose sum is :meth:`loss`, each with its metrics. The module
+        backpropagates each part as soon as it is yielded, so only one part's graph is alive at a time:
+        an objective whose loss is a sum of independent terms (BGPO: one per masked copy) keeps its
+        memory flat in their number. The update's loss is the parts' sum, its metrics their union.
+        Default: one part, :meth:`loss`."""
+        yield self.loss(ctx)
 
     def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor],
                 group_size: int) -> torch.Tensor:

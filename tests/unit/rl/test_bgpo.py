@@ -1,0 +1,564 @@
+"""BGPO and its even-counts estimator: parity with a transcription of DARE's BGPO (yjyddq/DARE @ 83ae8a3,
+``verl/trainer/ppo/dllm_core_algos.py`` and ``verl/workers/actor/llada_dp_actor_bgpo.py``) on random
+tensors and on a tiny model's rollouts, values and gradients; one forward and backward per copy with a
+flat graph; the ELBO on a model small enough to enumerate; invariants; configs."""
+
+import csv
+import itertools
+import math
+import weakref
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diffusion_rl.app.train import build
+from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood.base import mask_seeds
+from diffusion_rl.likelihood.elbo import ELBOSample
+from diffusion_rl.likelihood.even_counts import (
+    EvenCountsConfig,
+    EvenCountsEstimator,
+    copy_estimates,
+    even_counts,
+)
+from diffusion_rl.models.policy import logits_fn
+from diffusion_rl.rl.objectives.base import StepContext
+from diffusion_rl.rl.objectives.bgpo import BGPO, BGPOConfig, bgpo_loss
+from diffusion_rl.rl.rollout import RolloutEngine
+from tests.helpers.common import compose_cfg, rollout_of
+from tests.unit.rl.test_coupled_grpo import MASK, ContextModel, forward_spy, perturbed, random_batch
+
+# ---------------------------------------------------------------- the transcription (reference)
+# DARE's computation written out afresh, shapes as there: _forward_process_bgpo for one sequence and its
+# n_l copies with the random draws passed in (the offset k and each copy's permutation of the response
+# positions), _forward_micro_batch's per-copy sum of log p / p_mask, compute_policy_loss_bgpo with verl's
+# masked_mean, and update_policy's loop (one micro-batch holding the mini-batch, the loss / mc_num).
+
+
+def ref_counts(k, target_len, b):
+    k = torch.tensor(k)  # torch.randint's 0-d long tensor
+    x = torch.round(torch.linspace(float(k), k + (b - 1) * (target_len / b), steps=b)).long()
+    return ((x - 1) % target_len) + 1
+
+
+def ref_forward_process(batch, attention_mask, prompt_len, mask_id, k, perms):
+    """(n_l, seq_len) copies of one sequence -> noisy copies, mask_indices, p_mask."""
+    b, seq_len = batch.shape
+    response_mask = attention_mask.bool().clone()
+    response_mask[:prompt_len] = False
+    response_indices = torch.where(response_mask)[0]
+    target_len = response_mask.sum().item()
+    x = ref_counts(k, target_len, b)
+    assert 1 <= x.min() and x.max() <= target_len
+    mask_indices = torch.zeros((b, seq_len), dtype=torch.bool)
+    for i in range(b):
+        mask_indices[i, response_indices[perms[i][: x[i]]]] = True
+    noisy = torch.where(mask_indices, mask_id, batch)
+    p_mask = (x / target_len).unsqueeze(1).repeat(1, seq_len)
+    return noisy, mask_indices, p_mask
+
+
+def ref_loss_per_sample(model_fn, noisy, mask_indices, p_mask, seq):
+    """One copy of every row: sum over its masked tokens of log p / p_mask. (B, S) -> (B,)"""
+    logits = model_fn(noisy)
+    out = []
+    for b in range(noisy.shape[0]):
+        m = mask_indices[b]
+        out.append(-(F.cross_entropy(logits[b][m], seq[b][m], reduction="none") / p_mask[b][m]).sum())
+    return torch.stack(out)
+
+
+def ref_policy_loss(old_l_theta, l_theta, advantages, response_mask, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0,
+                    linear_positive=True, dual_clip=True, agg="token-mean"):
+    """compute_policy_loss_bgpo; the keywords after clip_ratio_c are one-line changes for the sensitivity test."""
+    if linear_positive:
+        negative_approx_kl = torch.where(advantages > 0, torch.log(1 + l_theta - old_l_theta), l_theta - old_l_theta)
+    else:  # DARE's commented-out alternative: exp(z) for every sign
+        negative_approx_kl = l_theta - old_l_theta
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    pg_losses3 = -advantages * clip_ratio_c
+    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
+    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1) if dual_clip else clip_pg_losses1
+    if agg == "token-mean":  # verl_F.masked_mean
+        return (pg_losses * response_mask).sum() / (response_mask.sum() + 1e-8)
+    return ((pg_losses * response_mask).sum(-1) / response_mask.sum(-1)).mean()  # seq-mean-token-mean
+
+
+def ref_update_loss(l_copies, old_copies, advantages, response_mask, **kw):
+    """update_policy's sum over copies of pg_loss / mc_num; l_copies, old_copies (B, K) loss_per_sample
+    values, advantages (B,), response_mask (B, R)."""
+    B, K = l_copies.shape
+    R = response_mask.shape[1]
+    adv = advantages[:, None].expand(B, R)
+    total = 0.0
+    for i in range(K):
+        l_theta = (l_copies[:, i] / R)[:, None].expand(B, R)  # loss_per_sample / response_length, expanded
+        old_l_theta = (old_copies[:, i] / R)[:, None].expand(B, R)
+        total = total + ref_policy_loss(old_l_theta, l_theta, adv, response_mask, **kw) / K
+    return total
+
+
+def drawn_inputs(est, seeds, prompt_mask, scored):
+    """Our draws as DARE's: per row the offset and, per copy, the permutation of the scored positions that
+    lists the smallest keys first (so ``perm[:x]`` is our masked set)."""
+    d = est.draw(seeds, prompt_mask, scored)
+    out = []
+    for b in range(scored.shape[0]):
+        perms = [d.keys[j, b][scored[b]].argsort() for j in range(d.keys.shape[0])]
+        out.append((int(d.offset[b]), perms))
+    return d, out
+
+
+def ref_copy_estimates(model_fn, prompt, pmask, comp, draws, mask_id):
+    """Every row's K estimates by the transcription, (B, K): row b's copies made together, as DARE's worker."""
+    B, P = prompt.shape
+    ids = torch.cat([prompt, comp], 1)
+    attn = torch.cat([pmask, torch.ones_like(comp)], 1)
+    K = len(draws[0][1])
+    noisy, idx, pm = zip(*(ref_forward_process(ids[b:b + 1].repeat(K, 1), attn[b], P, mask_id, *draws[b])
+                           for b in range(B)))
+    noisy, idx, pm = torch.stack(noisy, 1), torch.stack(idx, 1), torch.stack(pm, 1)  # (K, B, S)
+    return torch.stack([ref_loss_per_sample(model_fn, noisy[i], idx[i], pm[i], ids) for i in range(K)], 1)
+
+
+# ---------------------------------------------------------------- the estimator's parity
+
+
+@pytest.mark.parametrize("n,K", [(16, 16), (256, 16), (7, 16), (16, 5), (10, 4), (3, 2), (1, 16), (40, 1)])
+def test_mask_counts_are_dares(n, K):
+    for k in range(1, n + 1):
+        assert torch.equal(even_counts(k, n, K), ref_counts(k, n, K)), (k, n, K)
+
+
+def test_estimator_matches_the_transcription_on_a_random_model():
+    prompt, pmask, comp, _ = random_batch(B=5, L=9)
+    model = ContextModel(prompt.shape[1] + comp.shape[1])
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=6), MASK)
+    seeds = mask_seeds(5, 3, comp.shape[0], 0)
+    scored = torch.ones_like(comp, dtype=torch.bool)  # DARE's LLaDA rollout: every response position is valid
+    ours = copy_estimates(est.sample(model, prompt, pmask, comp, scored, seeds)).t()  # (B, K)
+    _, draws = drawn_inputs(est, seeds, pmask, scored)
+    attn = torch.cat([pmask, torch.ones_like(comp)], 1)
+    ref = ref_copy_estimates(lambda ids: model(ids, attn), prompt, pmask, comp, draws, MASK)
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-5)  # float32 sums of ~L * 10 nats
+    g_ours = torch.autograd.grad(ours.sum(), list(model.parameters()))
+    g_ref = torch.autograd.grad(ref.sum(), list(model.parameters()))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(g_ours, g_ref))
+    assert torch.allclose(est(model, prompt, pmask, comp, scored, seeds), ours.mean(1))  # the ELBO: the copies' mean
+
+
+# ---------------------------------------------------------------- the loss's parity
+
+
+def random_case(seed=1, B=6, K=4, L=10):
+    """Estimates whose z = (E - E_old) / L put every row's copies below the clip, inside it, above it and
+    past the dual clip; advantages of both signs and 0; rows of different lengths (a mask ending early)."""
+    g = torch.Generator().manual_seed(seed)
+    est = (-5 * torch.rand(B, K, generator=g) * L).requires_grad_(True)  # (B, K) copy estimates
+    grid = torch.tensor([-0.6, 0.1, 0.5, 2.0])[:K]  # r = 1 + z or exp(z): 0.4 / 0.55, ~1.1, 1.5 / 1.65, 3 / 7.4
+    z = torch.stack([grid[torch.randperm(K, generator=g)] for _ in range(B)]) + 0.05 * torch.rand(B, K, generator=g)
+    old = est.detach() - z * L
+    adv = torch.tensor([1.5, -0.7, 0.0, 0.4, -2.0, 0.9])[:B]
+    row = torch.ones(B, L)
+    row[1, 6:] = 0
+    row[3, 3:] = 0
+    return est, old, adv, row
+
+
+def units(x, L):
+    return x[..., None].expand(*x.shape, L)  # (B, K) -> (B, K, L): each estimate repeated over the positions
+
+
+def test_loss_matches_the_transcription_on_random_tensors():
+    est, old, adv, row = random_case()
+    B, K = est.shape
+    L = row.shape[1]
+    cfg = BGPOConfig()
+    ours, m = bgpo_loss(units(est, L), units(old, L), adv[:, None, None], row[:, None].expand(B, K, L), cfg,
+                        group_size=3)
+    ref = ref_update_loss(est, old, adv, row)
+    assert ours.item() == pytest.approx(ref.item(), abs=1e-6)
+    (ga,) = torch.autograd.grad(ours, est)
+    (gb,) = torch.autograd.grad(ref, est)
+    assert torch.allclose(ga, gb, atol=1e-6)
+    # every branch was exercised: the PPO clip on both sides, the dual clip
+    assert m["ratio/clip_frac_low"] > 0 and m["ratio/clip_frac_high"] > 0 and m["bgpo/dual_clip_frac"] > 0
+    assert m["bgpo/nonpositive_ratio_frac"] == 0
+
+
+@pytest.mark.parametrize("change", [{"linear_positive": False}, {"dual_clip": False}, {"agg": "seq-mean"},
+                                    {"clip_ratio_c": 2.0}, {"clip_high": 0.28}])
+def test_a_one_line_change_to_the_loss_is_caught(change):
+    """The parity above can fail: each one-line change of the transcription (exp(z) for A > 0, as DARE's
+    commented-out line; no dual clip; a mean over rows; another c or clip) moves the loss or its gradient."""
+    est, old, adv, row = random_case()
+    B, K = est.shape
+    L = row.shape[1]
+    ours, _ = bgpo_loss(units(est, L), units(old, L), adv[:, None, None], row[:, None].expand(B, K, L), BGPOConfig(),
+                        group_size=3)
+    other = ref_update_loss(est, old, adv, row, **change)
+    (ga,) = torch.autograd.grad(ours, est)
+    (gb,) = torch.autograd.grad(other, est)
+    assert abs(ours.item() - other.item()) > 1e-3 or (ga - gb).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------- on a tiny model's rollout
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """A tiny model's rollout under bgpo's config, advantages of both signs whatever it earned."""
+    # the public code knows no pinned tokens: the completion is all decisions, as there
+    c = build(compose_cfg(["objective=bgpo", "task.pin_givens=false"], tmp_path_factory.mktemp("bgpo")))
+    eng = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3)
+    ro = eng(c.task.splits.train[:2], c.bundle.net, 0)
+    return c, replace(ro, advantages=torch.linspace(-1.5, 1.5, ro.advantages.shape[0]))
+
+
+def backward_by_parts(obj, ctx, params):
+    """What the module does: backpropagate each part as it comes. -> loss, metrics, gradients"""
+    for p in params:
+        p.grad = None
+    total, metrics = 0.0, {}
+    for part, m in obj.loss_parts(ctx):
+        part.backward()
+        total, metrics = total + part.detach(), {**metrics, **m}
+    return total, metrics, [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+
+
+def test_objective_matches_the_transcription_on_a_tiny_models_rollout(real):
+    c, ro = real
+    net = c.bundle.net.train()
+    params = list(net.parameters())
+    old = perturbed(net, 0.02, 1)
+    obj = c.objective
+    assert isinstance(obj, BGPO) and obj.cfg.backward_per_copy and obj.likelihood.cfg.num_samples == 16
+    assert c.advantage.cfg.name == "group_std" and c.advantage.cfg.eps == 1e-6
+    L = ro.completion_ids.shape[1]
+    ids_attn = torch.cat([ro.prompt_mask, torch.ones_like(ro.completion_ids)], 1)
+    for it in (0, 2):
+        ctx = StepContext(ro, it, 3, logits_fn(net), logits_fn(old), None)
+        ours, m, g_ours = backward_by_parts(obj, ctx, params)
+        scored = torch.ones_like(ro.completion_ids, dtype=torch.bool)
+        _, draws = drawn_inputs(obj.likelihood, obj.mask_seeds(ctx, "policy"), ro.prompt_mask, scored)
+
+        def estimates(f, draws=draws):
+            return ref_copy_estimates(lambda x: f(x, ids_attn), ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
+                                      draws, c.bundle.mask_token_id)
+
+        with torch.no_grad():
+            old_est = estimates(logits_fn(old))
+        expected = ref_update_loss(estimates(logits_fn(net)), old_est, ro.advantages, torch.ones(len(ro.texts), L))
+        g_ref = torch.autograd.grad(expected, params)
+        assert ours.item() == pytest.approx(expected.item(), abs=1e-6), it
+        assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_ours, g_ref)), it
+        assert m["ratio/log_std"].item() > 0  # the old policy is apart: the ratios are not all 1
+    # every inner update reads the rollout's masks, as DARE keeps them for the batch
+    assert obj.mask_seeds(StepContext(ro, 2, 3, None, None, None), "policy") == obj.mask_seeds(ctx, "old")
+
+
+def test_one_graph_equals_one_backward_per_copy(real):
+    """backward_per_copy=false (every copy in one graph, the template's loss) gives the same loss, gradients
+    and metrics as the per-copy parts."""
+    c, ro = real
+    net = c.bundle.net.train()
+    params = list(net.parameters())
+    old = perturbed(net, 0.02, 2)
+    ctx = StepContext(ro, 1, 3, logits_fn(net), logits_fn(old), None)
+    a, ma, ga = backward_by_parts(c.objective, ctx, params)
+    joint = BGPO(BGPOConfig(backward_per_copy=False), c.objective.likelihood)
+    b, mb, gb = backward_by_parts(joint, StepContext(ro, 1, 3, logits_fn(net), logits_fn(old), None), params)
+    assert a.item() == pytest.approx(b.item(), abs=1e-7)
+    assert all(torch.allclose(x, y, atol=1e-7, rtol=1e-5) for x, y in zip(ga, gb))
+    assert ma.keys() == mb.keys() and all(torch.allclose(ma[k], mb[k], atol=1e-6) for k in ma)
+
+
+def test_each_part_holds_one_copys_graph(real):
+    """Memory flat in the copies: when each part is handed to the module, the graph alive holds the
+    tensors of one copy's forward (the same count for every copy); the joint graph holds all of them."""
+    c, ro = real
+    net = c.bundle.net.train()
+    old = perturbed(net, 0.02, 3)
+
+    class Box:
+        def __init__(self, t):
+            self.t = t
+
+    def live_at_each_part(obj):
+        live: weakref.WeakSet = weakref.WeakSet()
+
+        def pack(t):
+            box = Box(t)
+            live.add(box)
+            return box
+
+        counts = []
+        ctx = StepContext(ro, 1, 3, logits_fn(net), logits_fn(old), None)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.t):
+            for part, _ in obj.loss_parts(ctx):
+                counts.append(len(live))
+                part.backward()
+        return counts
+
+    per_copy = live_at_each_part(c.objective)
+    (joint,) = live_at_each_part(BGPO(BGPOConfig(backward_per_copy=False), c.objective.likelihood))
+    assert len(per_copy) == 16 and len(set(per_copy)) == 1 and per_copy[0] > 0
+    assert joint > 10 * per_copy[0]
+
+
+def test_one_forward_per_copy_with_the_old_estimates_taken_once(real):
+    c, ro = real
+    net = c.bundle.net.train()
+    fwd, seen = forward_spy(logits_fn(net))
+    old_fwd, old_seen = forward_spy(logits_fn(perturbed(net, 0.02, 4)))
+    ctx = StepContext(ro, 0, 3, fwd, old_fwd, None)
+    n_before = []
+    for _ in c.objective.loss_parts(ctx):
+        n_before.append(len(seen))
+    assert n_before == list(range(1, 17)) and len(old_seen) == 16  # 16 old forwards, before the first part
+    ctx.inner_iter = 1
+    list(c.objective.loss_parts(ctx))
+    assert len(old_seen) == 16  # the rollout's masks: the old estimates serve every update
+    # the first update after a rollout, old policy = policy: no old forward at all, the ratio exactly 1
+    ctx = StepContext(ro, 0, 3, fwd, old_fwd, None, policy_is_old=True)
+    *_, (_, m) = c.objective.loss_parts(ctx)
+    assert len(old_seen) == 16 and m["ratio/log_min"].item() == 0 == m["ratio/log_max"].item()
+
+
+# ---------------------------------------------------------------- the estimator
+
+
+def test_masks_have_the_counts_and_stay_inside_the_scored_positions():
+    prompt, pmask, comp, cmask = random_batch(B=6, L=16)
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=16), MASK)
+    seeds = mask_seeds(0, 1, 6, 0)
+    scored = cmask.bool()
+    d = est.draw(seeds, pmask, scored)
+    n = scored.sum(-1)
+    assert torch.equal(d.masked.sum(-1), d.counts) and bool((d.masked & ~scored).sum() == 0)
+    assert bool(((d.offset >= 1) & (d.offset <= n)).all())
+    for b in range(6):  # K = n = 16: every count 1..16 once; rows ending early (n = 3, 5): spread evenly
+        freq = torch.bincount(d.counts[:, b], minlength=int(n[b]) + 1)
+        assert freq[0] == 0 and len(freq) == int(n[b]) + 1 and int(freq[1:].max() - freq[1:].min()) <= (0 if n[b] == 16 else 2)
+    assert torch.equal(est.draw(seeds, pmask, scored).masked, d.masked)  # the same seeds: the same masks
+    assert not torch.equal(est.draw(mask_seeds(0, 2, 6, 0), pmask, scored).masked, d.masked)
+    fwd, seen = forward_spy(ContextModel(20))
+    s = est.sample(fwd, prompt, pmask, comp, cmask, seeds, copies=[3, 7])
+    assert len(seen) == 2  # one forward per copy asked for
+    assert torch.equal(seen[0][:, 4:] == MASK, d.masked[3] | ~scored)  # unscored positions: masked, never scored
+    assert torch.equal(s.masked, d.masked[[3, 7]]) and torch.equal(seen[0][:, :4], prompt)  # the prompt as is
+    assert torch.allclose(s.t, d.counts[[3, 7]] / n)
+
+
+def test_offsets_are_uniform_and_each_copy_count_uniform_without_ties():
+    """Over many rows the offset is uniform on 1..n, so a copy whose shift j n / K is not a half-integer
+    has a uniform count (its estimate is then unbiased for the ELBO)."""
+    n, K, B = 5, 4, 4000
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=K), MASK)
+    d = est.draw(mask_seeds(1, 0, B, 0), torch.ones(B, 1, dtype=torch.long), torch.ones(B, n, dtype=torch.bool))
+    freq = torch.bincount(d.offset, minlength=n + 1)[1:] / B
+    assert bool(((freq - 1 / n).abs() < 0.03).all())
+    for j in range(K):  # shifts 0, 1.25, 2.5, 3.75: copy 2 rounds half to even, as DARE's
+        f = torch.bincount(d.counts[j], minlength=n + 1)[1:] / B
+        assert bool(((f - 1 / n).abs() < 0.03).all()) == (j != 2), j
+
+
+def test_expected_estimate_is_the_elbo_on_an_enumerable_model(tiny_bundle):
+    """L = 3, K = 3 (integer shifts): over the offset and the subsets, each copy's (n / x) * sum of masked
+    log-probs averages to the masked-diffusion ELBO, the mean log-likelihood over generation orders, below
+    the log of their mean likelihood."""
+    net, mask_id = tiny_bundle.net.eval(), tiny_bundle.mask_token_id
+    lo = max(mask_id, tiny_bundle.eos_token_id, tiny_bundle.pad_token_id) + 1
+    prompt, x0 = torch.tensor([[lo + 1, lo + 4]]), torch.tensor([[lo + 2, lo + 7, lo + 3]])
+    L = K = 3
+    subsets = [frozenset(s) for r in range(1, L + 1) for s in itertools.combinations(range(L), r)]
+    with torch.no_grad():
+        def lp_given(masked):  # log p(x_i | `masked` masked, the others visible), (L,)
+            comp = torch.where(torch.tensor([i in masked for i in range(L)]), mask_id, x0[0])
+            lg = logits_fn(net)(torch.cat([prompt[0], comp])[None], None)[0, 2:]
+            return torch.log_softmax(lg, -1).gather(-1, x0[0][:, None])[:, 0]
+        lp = {s: lp_given(s) for s in subsets}
+    orders = [sum(float(lp[frozenset(o[j:])][o[j]]) for j in range(L)) for o in itertools.permutations(range(L))]
+    ao_elbo = sum(orders) / len(orders)
+    per_offset = []
+    for k in range(1, L + 1):
+        copies = []
+        for x in even_counts(k, L, K).tolist():
+            terms = []
+            for s in (s for s in subsets if len(s) == x):
+                m = torch.tensor([i in s for i in range(L)])
+                sample = ELBOSample(lp[s][None, None], m[None, None], torch.tensor([[x / L]]))
+                terms.append(float(copy_estimates(sample)))
+            copies.append(sum(terms) / len(terms))
+        per_offset.append(sum(copies) / K)
+    assert sum(per_offset) / L == pytest.approx(ao_elbo, rel=1e-5)
+    assert ao_elbo <= math.log(sum(math.exp(v) for v in orders) / len(orders)) + 1e-9
+
+
+# ---------------------------------------------------------------- the loss's invariants
+
+
+def test_at_theta_old_nothing_is_clipped_and_both_bounds_give_the_policy_gradient():
+    """z = 0: r = 1 on either side, the loss is the token mean of -A, and the gradient of each copy's
+    estimate is -A n_b / (K L sum n), the linear bound's and exp's alike."""
+    est, _, adv, row = random_case()
+    B, K = est.shape
+    L = row.shape[1]
+    mask = row[:, None].expand(B, K, L)
+    loss, m = bgpo_loss(units(est, L), units(est.detach(), L), adv[:, None, None], mask, BGPOConfig(), group_size=3)
+    n = row.sum(-1)
+    assert loss.item() == pytest.approx(float((-adv * n).sum() / n.sum()), abs=1e-7)
+    assert m["ratio/clip_frac_low"] == 0 == m["ratio/clip_frac_high"] and m["ratio/log_max"] == 0
+    (g,) = torch.autograd.grad(loss, est)
+    assert torch.allclose(g, (-adv * n / (K * L * n.sum()))[:, None].expand(B, K), atol=1e-8)
+
+
+def test_the_linear_ratio_below_zero_stays_finite_and_unclipped():
+    """A > 0 with 1 + z <= 0: DARE's log(1 + z) is NaN (the update is lost); here the loss is -A (1 + z)."""
+    est = torch.tensor([[-30.0]], requires_grad=True)
+    L = 4
+    old = torch.tensor([[-20.0]])  # z = -10 / 4 = -2.5
+    loss, m = bgpo_loss(units(est, L), units(old, L), torch.full((1, 1, 1), 2.0), torch.ones(1, 1, L), BGPOConfig(),
+                        group_size=1)
+    assert loss.item() == pytest.approx(-2.0 * (1 - 2.5)) and m["bgpo/nonpositive_ratio_frac"].item() == 1
+    (g,) = torch.autograd.grad(loss, est)
+    assert g.item() == pytest.approx(-2.0 / L)
+    assert math.isnan(ref_update_loss(est.detach(), old, torch.tensor([2.0]), torch.ones(1, L)).item())
+
+
+def test_dual_clip_caps_a_negative_advantages_loss_and_its_gradient():
+    est = torch.tensor([[8.0]], requires_grad=True)
+    L = 4
+    old = torch.tensor([[0.0]])  # z = 2, exp(2) > 3
+    loss, m = bgpo_loss(units(est, L), units(old, L), torch.full((1, 1, 1), -0.5), torch.ones(1, 1, L), BGPOConfig(),
+                        group_size=1)
+    assert loss.item() == pytest.approx(0.5 * 3.0) and m["bgpo/dual_clip_frac"].item() == 1
+    (g,) = torch.autograd.grad(loss, est)
+    assert g.item() == 0
+
+
+def test_zero_advantages_give_no_gradient_and_nothing_covered_is_finite(real):
+    c, ro = real
+    net = c.bundle.net.train()
+    zero = replace(ro, advantages=torch.zeros_like(ro.advantages))
+    ctx = StepContext(zero, 1, 3, logits_fn(net), logits_fn(perturbed(net, 0.05, 5)), None)
+    params = [p for p in net.parameters() if p.requires_grad]
+    loss, _, grads = backward_by_parts(c.objective, ctx, params)
+    assert loss.item() == 0 and all(float(g.abs().max()) == 0.0 for g in grads)
+    est = torch.randn(3, 2, requires_grad=True)
+    loss, m = bgpo_loss(units(est, 5), units(est.detach() + 1, 5), torch.ones(3, 1, 1), torch.zeros(3, 2, 5),
+                        BGPOConfig(), group_size=3)
+    loss.backward()
+    assert torch.isfinite(loss) and bool(torch.isfinite(est.grad).all()) and all(bool(torch.isfinite(v)) for v in m.values())
+
+
+def test_elbo_tokens_completion_covers_up_to_eos_and_weights_rows_by_it(real):
+    c, ro = real
+    cmask = ro.completion_mask.clone()
+    cmask[0, 6:] = 0  # as if row 0 had ended early
+    ro = replace(ro, completion_mask=cmask)
+    f = logits_fn(c.bundle.net)
+    ctx = StepContext(ro, 0, 3, f, f, None)
+    for tokens, covered in (("all", torch.ones_like(cmask)), ("completion", cmask)):
+        obj = BGPO(BGPOConfig(elbo_tokens=tokens), c.objective.likelihood)
+        s = obj.score(ctx, f, "policy", copies=[0, 5])
+        assert s.logp.shape == (len(ro.texts), 2, cmask.shape[1])
+        assert torch.equal(s.mask, covered[:, None].expand_as(s.mask))
+        d = obj.likelihood.draw(obj.mask_seeds(ctx, "policy"), ro.prompt_mask, covered.bool())
+        assert bool((d.masked & ~covered.bool()).sum() == 0) and int(d.counts[:, 0].max()) <= int(covered[0].sum())
+
+
+def test_pinned_tokens_are_context_never_masked_or_covered(tmp_path):
+    c = build(compose_cfg(["objective=bgpo"], tmp_path))  # Sudoku's givens pinned
+    eng = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=1)
+    ro = eng(c.task.splits.train[:2], c.bundle.net, 0)
+    assert ro.pinned is not None and bool(ro.pinned.any())
+    fwd, seen = forward_spy(logits_fn(c.bundle.net))
+    s = c.objective.score(StepContext(ro, 0, 3, fwd, fwd, None), fwd, "policy", copies=[1])
+    P = ro.prompt_ids.shape[1]
+    assert torch.equal(seen[0][:, P:][ro.pinned], ro.completion_ids[ro.pinned])  # shown as they are
+    assert not bool(s.mask[:, 0][ro.pinned].any()) and not bool(s.kl_mask[:, 0][ro.pinned].any())
+
+
+def test_kl_anchor_by_parts_equals_the_template(real):
+    c, ro = real
+    net = c.bundle.net.train()
+    params = list(net.parameters())
+    old, ref = perturbed(net, 0.02, 6), perturbed(net, 0.03, 7)
+    parts = BGPO(BGPOConfig(beta=0.04), c.objective.likelihood)
+    joint = BGPO(BGPOConfig(beta=0.04, backward_per_copy=False), c.objective.likelihood)
+    a, ma, ga = backward_by_parts(parts, StepContext(ro, 1, 3, logits_fn(net), logits_fn(old), logits_fn(ref)), params)
+    b, mb, gb = backward_by_parts(joint, StepContext(ro, 1, 3, logits_fn(net), logits_fn(old), logits_fn(ref)), params)
+    assert ma["train/kl"].item() > 0 and ma["train/kl"].item() == pytest.approx(mb["train/kl"].item(), rel=1e-5)
+    assert a.item() == pytest.approx(b.item(), abs=1e-7)
+    assert all(torch.allclose(x, y, atol=1e-7, rtol=1e-5) for x, y in zip(ga, gb))
+
+
+def test_rollout_of_hand_made_tensors_runs():
+    prompt, pmask, comp, cmask = random_batch(B=4)
+    ro = rollout_of(prompt, pmask, comp, cmask, torch.arange(4.0), torch.tensor([1.0, -1.0, 0.5, -0.5]), 2)
+    model = ContextModel(11)
+    obj = BGPO(BGPOConfig(), EvenCountsEstimator(EvenCountsConfig(num_samples=3), MASK))
+    total = 0.0
+    for part, _ in obj.loss_parts(StepContext(ro, 0, 0, model, perturbed(model, 0.1, 0), None)):
+        part.backward()
+        total += part.item()
+    assert math.isfinite(total) and model.tok.grad.abs().sum() > 0
+
+
+def test_a_nonfinite_copy_skips_the_whole_update(tmp_path, monkeypatch):
+    """Copy 5 of the first update gives a NaN loss after copies 0-4 were backpropagated: the module drops
+    the update whole and counts it skipped (a skipped update leaves weights and optimizer untouched:
+    tests/unit/training/test_faults.py)."""
+    from diffusion_rl.app.train import train
+
+    real = BGPO.loss_parts
+    updates = []
+
+    def poisoned(self, ctx):
+        updates.append(ctx.inner_iter)
+        for j, (part, m) in enumerate(real(self, ctx)):
+            yield (part * float("nan") if len(updates) == 1 and j == 5 else part), m
+
+    monkeypatch.setattr(BGPO, "loss_parts", poisoned)
+    cfg = compose_cfg(["objective=bgpo", "likelihood.num_samples=8", "trainer.max_steps=2", "eval.before=false",
+                       "eval.after=false", "trainer.checkpoint_every_n_steps=0"], tmp_path)
+    summary = train(cfg, tmp_path / "run")
+    assert summary["skipped_updates"] == 1 and summary["optimizer_steps"] == 2 and len(updates) == 3
+    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv")) if r.get("train/skipped_updates")]
+    assert [float(r["train/skipped_updates"]) for r in rows] == [1.0, 1.0, 1.0]
+    assert [bool(r.get("grad/norm")) for r in rows] == [False, True, True]  # the skipped update logs no norm
+
+
+# ---------------------------------------------------------------- configs
+
+
+def test_config_selects_the_public_regime_and_the_command_line_wins(tmp_path):
+    cfg = compose_cfg(["objective=bgpo", "~testbed"], tmp_path)
+    assert (cfg.likelihood.name, cfg.likelihood.num_samples, cfg.advantage.name, cfg.advantage.eps) == (
+        "even_counts", 16, "group_std", 1e-6)
+    assert (cfg.objective.mu, cfg.objective.beta, cfg.objective.eps, cfg.objective.eps_high,
+            cfg.objective.dual_clip) == (1, 0.0, 0.2, 0.2, 3.0)
+    assert (cfg.optim.lr, cfg.optim.weight_decay, list(cfg.optim.betas), cfg.optim.grad_clip) == (5e-7, 0.01, [0.9, 0.999], 1.0)
+    c = build(compose_cfg(["objective=bgpo", "likelihood.num_samples=4", "objective.dual_clip=5"], tmp_path))
+    assert c.objective.likelihood.cfg.num_samples == 4 and c.objective.cfg.dual_clip == 5
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["likelihood=elbo"], "likelihood.name"),
+    (["objective.behaviour_correction=tis"], "objective.behaviour_correction"),
+    (["objective.dual_clip=1.0"], "objective.dual_clip"),
+    (["objective.elbo_tokens=padding"], "objective.elbo_tokens"),
+    (["objective.eps=1.0"], "objective.eps"),
+    (["likelihood.num_samples=0"], "likelihood.num_samples"),
+    (["advantage=per_token"], "advantage.name"),
+])
+def test_nonsense_fails_in_one_line(tmp_path, overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
+        build(compose_cfg(["objective=bgpo", *overrides], tmp_path))
+    assert "\n" not in str(err.value)
