@@ -48,7 +48,8 @@ B (~68 KiB; +10 B per prompt token), against ~512 KiB for a dense (T, L) int64 s
 (T, L) int64 ``xhat`` per step. Without greedy completions (plain EGSPO) it is ~3.8 KiB. MDPO's
 predictions at MDPO's paper setting (``T = 128``, ``L = 512`` in one block, 4 tokens per step, int32
 tokens and float32 confidences): ``8 * sum_{s<128} (512 - 4 s) = 8 * 33,024 = 264,192`` B (~258 KiB)
-on top of the ~7.3 KiB of the rest. :meth:`nbytes` reports the actual figure.
+on top of the rest (6,400 B for ``P = 0``, without greedy completions). :meth:`nbytes` reports the actual
+figure.
 """
 
 from __future__ import annotations

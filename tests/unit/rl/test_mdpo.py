@@ -356,6 +356,28 @@ def test_prediction_is_the_samplers_draw_in_the_block_and_the_argmax_elsewhere()
         plain.prediction(0)
 
 
+def test_memory_figure_in_the_recorders_docstring():
+    """MDPO's paper setting, T = 128 steps of one 512-token block: the arithmetic of the docstring."""
+    V, mask_id = 50, 49
+    g = torch.Generator().manual_seed(0)
+
+    def fwd(ids, attn):
+        logits = torch.randn(ids.shape[0], ids.shape[1], V, generator=g)
+        logits[..., mask_id] = float("-inf")
+        return logits
+
+    cfg = SamplerConfig(gen_length=512, block_length=512, steps=128, temperature=0.4, gumbel_dtype="float32")
+    sizes = []
+    for record in (False, True):
+        rec = TrajectoryRecorder(mask_id, record_greedy=False, record_prediction=record, temperature=0.4)
+        generate(fwd, torch.zeros(1, 0, dtype=torch.long), None, cfg, mask_id, RowNoise.rows(0, 0, 1), rec)
+        sizes.append(rec.nbytes())
+    entries = sum(512 - 4 * s for s in range(128))  # positions still masked before each step
+    assert sizes[0] == 2 * 512 + 8 * 512 + 128 * (4 + 4 + 2) == 6400
+    # V fits int16 here (2 bytes per token); LLaDA's 126,464 ids need int32 (4 bytes): 264,192 B
+    assert sizes[1] - sizes[0] == (2 + 4) * entries and (4 + 4) * entries == 264192
+
+
 # ======================================================================= 4. invariants
 def test_advantages_hand_computed_and_invariant_to_a_constant():
     values = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
