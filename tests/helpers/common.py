@@ -21,11 +21,14 @@ TINY = [
 ]
 
 
+STEP_OBJECTIVES = ("egspo", "egspo_sa", "mdpo")  # objectives that train K of the sampler's steps
+
+
 def tiny_for(overrides: list[str]) -> list[str]:
-    """TINY, plus what an objective needs at its size: EGSPO's public K = 8 selected steps exceed the
-    tiny sampler's 4 (the objective refuses K > sampler.steps), so the tiny runs select 2 of 4."""
-    egspo = any(o in ("objective=egspo", "objective=egspo_sa") for o in overrides)
-    return TINY + (["objective.K=2"] if egspo else [])
+    """TINY, plus what an objective needs at its size: EGSPO's and MDPO's public K = 8 trained steps
+    exceed the tiny sampler's 4 (the objectives refuse K > sampler.steps), so the tiny runs train 2 of 4."""
+    steps = any(o in tuple(f"objective={name}" for name in STEP_OBJECTIVES) for o in overrides)
+    return TINY + (["objective.K=2"] if steps else [])
 
 
 def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True, config_name: str = "config") -> DictConfig:

@@ -23,9 +23,16 @@ the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``
   (``/ (1 + lam)`` when ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k``
   (``/ (std + eps)`` when ``std_scale``). ``lam = 0`` gives ``group`` / ``group_std`` for every
   slot.
+- ``mdpo``:      MDPO (docs/methods.md §4.12). With ``r_jt`` the reward of the sampler's one-step
+  prediction at step ``t`` of sample ``j`` (every step, in order; the last one is the final
+  completion), ``a_jt = (r_jt - r_j,t-1) + 1 + mean_{u > t} r_ju`` (``r_j,-1 = 0``; the last step's
+  mean is ``r_j,T-1``) and ``A_jt = (a_jt - mean_G(a_.t)) / (std_G(a_.t) + eps)`` per step (the unbiased
+  std). The ``+ 1`` is the public code's and cancels in the centring, as does any constant added to
+  every reward.
 
 An estimator with ``needs_values = True`` asks the rollout for the values ``V`` (the sampler then
-records greedy completions and the rollout scores them in the same pass as the final completions).
+records the one-step completions named by ``values_of``, greedy ones or its own predictions, and the
+rollout scores them in the same pass as the final completions).
 Objectives declare which estimators they accept (``Objective.advantages``); a mismatch fails at
 start-up in one line. Pure tensor code: no Lightning, no model.
 """
@@ -57,7 +64,10 @@ class AdvantageEstimator(ABC):
     """Subclasses register with ``@ADVANTAGES.register(name)`` and set ``config_class``."""
 
     config_class: type[AdvantageConfig] = AdvantageConfig
-    needs_values: bool = False  # True: needs V, the rewards of greedy one-step completions (N, K)
+    needs_values: bool = False  # True: needs V, the rewards of one-step completions at the selected steps (N, K)
+    # which one-step completions V rewards: greedy (the argmax fill, EGSPO-SA) | prediction (the sampler's
+    # own draws, MDPO; sampling/trajectory.py)
+    values_of: str = "greedy"
     needs_token_rewards: bool = False  # True: needs each token's own reward (N, L), Task.token_rewards
 
     def __init__(self, cfg: AdvantageConfig):
@@ -212,5 +222,46 @@ class StepwiseAdvantage(AdvantageEstimator):
             "egspo_sa/value_mean": float(torch.where(v, values, 0).sum() / n),
             "egspo_sa/reward_minus_value": float(torch.where(v, rewards.float()[:, None] - values, 0).sum() / n),
             "egspo_sa/adv_std": float(adv[v].std()) if int(v.sum()) > 1 else 0.0,
+        }
+        return adv, metrics
+
+
+@dataclass
+class MDPOAdvantageConfig(AdvantageConfig):
+    name: str = "mdpo"
+
+
+def mdpo_step_gains(values: torch.Tensor) -> torch.Tensor:
+    """MDPO's per-step score before the group z-score: ``(r_t - r_{t-1}) + 1 + mean_{u > t} r_u``, with
+    ``r_{-1} = 0`` and ``r_{T-1}`` in place of the (empty) mean at the last step. (N, T) -> (N, T)"""
+    r = values.float()
+    T = r.shape[1]
+    gain = r - torch.cat([torch.zeros_like(r[:, :1]), r[:, :-1]], 1) + 1  # (N, T)
+    after = r.flip(-1).cumsum(-1).flip(-1) - r  # (N, T) sum of the rewards strictly after t
+    count = torch.arange(T - 1, -1, -1, device=r.device, dtype=r.dtype)  # (T,) how many steps follow t
+    future = torch.where(count > 0, after / count.clamp_min(1), r)  # (N, T)
+    return gain + future
+
+
+@ADVANTAGES.register("mdpo")
+class MDPOAdvantage(AdvantageEstimator):
+    config_class = MDPOAdvantageConfig
+    needs_values = True
+    values_of = "prediction"
+
+    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
+        if values is None:
+            raise ValueError("advantage=mdpo needs the rewards of every step's prediction (N, T)")
+        if valid is not None and not bool(valid.all()):
+            raise ValueError("advantage=mdpo needs a value at every recorded step, in step order")
+        gains = mdpo_step_gains(values)  # (N, T)
+        g = gains.view(-1, group_size, gains.shape[1])  # (N/G, G, T)
+        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + self.cfg.eps)).reshape(gains.shape)
+        r = values.float()
+        metrics = {
+            "mdpo/value_mean": float(r.mean()),  # the predictions' reward over every step
+            # how much better the best intermediate prediction was than the final completion
+            # (MDPO's over-denoising: a right answer reached and then lost)
+            "mdpo/best_minus_final": float((r.amax(-1) - r[:, -1]).mean()),
         }
         return adv, metrics

@@ -11,8 +11,9 @@ One call of :class:`RolloutEngine` does, for a batch of task items:
    trajectory is recorded when the objective trains on denoising steps. The sampler's own
    log-probability of every committed token rides on the rollout (``Rollout.sampler_logp``:
    behaviour correction and ``rollout/mismatch_log_ratio``, ``rl/objectives/behaviour.py``);
-3. select the steps the objective trains on (EGSPO) and, when the advantage estimator needs values,
-   rebuild the greedy one-step completions at those steps (EGSPO-SA);
+3. select the steps the objective trains on (EGSPO; MDPO: every step) and, when the advantage
+   estimator needs values, rebuild the one-step completions at those steps (EGSPO-SA: the greedy
+   ones; MDPO: the sampler's own predictions);
 4. decode every completion once and score all of them in **one** pass of the task's reward functions;
 5. gather the rewards of all processes and compute the advantages once, with the configured
    estimator (``rl/advantages.py``), keeping this process's rows.
@@ -134,8 +135,11 @@ class RolloutEngine:
         canvas = None if canvas is None else canvas.to(device)
         traj = None
         if self.objective.needs_trajectory:
-            traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=self.advantage.needs_values,
-                                      variable_steps=self.sampler.decode != "fixed")
+            values_of = self.advantage.values_of if self.advantage.needs_values else None
+            traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=values_of == "greedy",
+                                      variable_steps=self.sampler.decode != "fixed",
+                                      record_prediction=self.objective.needs_predictions or values_of == "prediction",
+                                      temperature=self.sampler.temperature)
         tree = None
         if self.tree.enabled:
             completion, token_logp, entropy, cost, tree = self._grow(behaviour, ids, mask, shard.offset, rollout_id,
@@ -180,15 +184,15 @@ class RolloutEngine:
         values = valid = token_rewards = None
         if self.advantage.needs_token_rewards:  # each token's own share of its completion's reward
             token_rewards = shard.gather(self._per_token(completion, group_items, self.task.token_rewards, 0.0))
-        if self.advantage.needs_values:  # the greedy one-step completions at the selected steps
+        if self.advantage.needs_values:  # the one-step completions at the selected steps
             assert traj is not None and steps is not None
-            greedy, greedy_rows = self._greedy_completions(traj, steps, completion)
-            greedy_rewards, _ = self.task.score(decode_completions(tok, greedy, eos),
-                                                [group_items[b] for b in greedy_rows.tolist()])
+            one_step, one_step_rows = self._step_completions(traj, steps, completion)
+            one_step_rewards, _ = self.task.score(decode_completions(tok, one_step, eos),
+                                                  [group_items[b] for b in one_step_rows.tolist()])
             valid = steps >= 0
-            values_of = rewards.float()[:, None].expand(steps.shape).clone()  # unused slots: V = r(x_0)
-            values_of[valid] = greedy_rewards.to(values_of)
-            values, valid = shard.gather(values_of), shard.gather(valid)
+            step_values = rewards.float()[:, None].expand(steps.shape).clone()  # unused slots: V = r(x_0)
+            step_values[valid] = one_step_rewards.to(step_values)
+            values, valid = shard.gather(step_values), shard.gather(valid)
         metrics["time/score_s"] = time.perf_counter() - t_score
         adv, adv_metrics = self.advantage(all_rewards, G, values, valid, token_rewards)
         metrics.update(adv_metrics)
@@ -345,19 +349,21 @@ class RolloutEngine:
         net.train(was_training)
         return tree.states[tree.leaf], node_logp[tree.leaf], ent, cost, tree
 
-    def _greedy_completions(self, traj: TrajectoryRecorder | None, steps: torch.Tensor | None,
-                            completion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The greedy one-step completions at every selected step, (m, L), and the row of each (m,);
-        none unless the advantage estimator needs their values."""
+    def _step_completions(self, traj: TrajectoryRecorder | None, steps: torch.Tensor | None,
+                          completion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one-step completions the advantage estimator values (``values_of``: greedy or the
+        sampler's predictions) at every selected step, (m, L), and the row of each (m,); none unless
+        it needs their values."""
         if traj is None or steps is None or not self.advantage.needs_values:
             return completion[:0], torch.zeros(0, dtype=torch.long)
+        rebuild = traj.prediction if self.advantage.values_of == "prediction" else traj.greedy_completion
         L = completion.shape[1]
         bi, ki = (steps >= 0).nonzero(as_tuple=True)  # (m,) each
         sel = steps[bi, ki]  # (m,)
         comps = completion.new_empty(sel.numel(), L)
         for s in sel.unique().tolist():  # one reconstruction per distinct step
             hit = sel == s
-            comps[hit] = traj.greedy_completion(s)[bi[hit], -L:].to(comps.dtype)
+            comps[hit] = rebuild(s)[bi[hit], -L:].to(comps.dtype)
         return comps, bi
 
 

@@ -1,4 +1,5 @@
-"""``TrajectoryRecorder``: what EGSPO needs from every denoising step, recorded at no extra forward.
+"""``TrajectoryRecorder``: what the step-level objectives (EGSPO, TraceRL, MDPO) need from every
+denoising step, recorded at no extra forward.
 
 Plugged into :func:`~diffusion_rl.sampling.generate` as its ``recorder``; ``on_step`` reads the
 logits of the forward pass the sampler already makes (docs/methods.md §2). Per rollout sample it
@@ -23,6 +24,13 @@ keeps:
   token in ``xhat_s``, so only the argmax at the positions still masked before ``s`` is stored: one
   flat tensor per step in row-major order of ``state_before(s) == mask`` (int16 when the vocabulary
   fits, else int32). :meth:`greedy_completion` rebuilds ``xhat_s``.
+- the sampler's one-step prediction ``xtil_s`` and its confidences (optional, MDPO): the state before
+  ``s`` with every still-masked position filled by the token the sampler drew there (inside the
+  current block: its Gumbel-max draw at temperature ``tau``, the candidate it commits from; outside
+  it, where nothing is drawn, or where the draw is the mask token itself: the argmax over the other
+  tokens), and each filled token's probability ``softmax(logits_i / tau)[xtil_i]`` (``tau = 0``: of
+  ``softmax(logits_i)``). Stored as the greedy argmaxes are, plus one float32 per entry.
+  :meth:`prediction` and :meth:`prediction_confidence` rebuild them.
 
 Temperature: log-probs and entropies use the **temperature-1** log-softmax of the logits the sampler
 saw, not ``logits / tau``. That is the policy's distribution as the stepwise likelihood recomputes it
@@ -37,8 +45,11 @@ commit steps ``2 (P + L)`` B, final sequence ``8 (P + L)`` B (int64 ids), per-st
 ``T * (4 + 4 + 2) = 1,280`` B, greedy argmaxes ``4 * sum_s |masked before s| = 4 * sum_{s<128}
 (256 - 2 s) = 4 * 16,512 = 66,048`` B. For ``P = 0`` that is ``512 + 2,048 + 1,280 + 66,048 = 69,888``
 B (~68 KiB; +10 B per prompt token), against ~512 KiB for a dense (T, L) int64 state and a dense
-(T, L) int64 ``xhat`` per step. Without greedy completions (plain EGSPO) it is ~3.8 KiB.
-:meth:`nbytes` reports the actual figure.
+(T, L) int64 ``xhat`` per step. Without greedy completions (plain EGSPO) it is ~3.8 KiB. MDPO's
+predictions at MDPO's paper setting (``T = 128``, ``L = 512`` in one block, 4 tokens per step, int32
+tokens and float32 confidences): ``8 * sum_{s<128} (512 - 4 s) = 8 * 33,024 = 264,192`` B (~258 KiB)
+on top of the rest (6,400 B for ``P = 0``, without greedy completions). :meth:`nbytes` reports the actual
+figure.
 """
 
 from __future__ import annotations
@@ -52,10 +63,13 @@ FILLED = NEVER - 1  # commit step of a position filled with EOS without a step (
 class TrajectoryRecorder:
     """A :class:`~diffusion_rl.sampling.StepRecorder` keeping a compact per-step trajectory."""
 
-    def __init__(self, mask_id: int, record_greedy: bool = True, variable_steps: bool = False):
+    def __init__(self, mask_id: int, record_greedy: bool = True, variable_steps: bool = False,
+                 record_prediction: bool = False, temperature: float = 1.0):
         self.mask_id = mask_id
         self.record_greedy = record_greedy
         self.variable_steps = variable_steps  # the sampler chose its number of steps (decode=threshold|factor)
+        self.record_prediction = record_prediction
+        self.temperature = temperature  # the sampler's tau: the predictions' confidences are softmax(logits / tau)
         self.num_steps = 0
         self.commit_step: torch.Tensor | None = None  # (B, P+L) int16
         self.final: torch.Tensor | None = None  # (B, P+L)
@@ -63,6 +77,8 @@ class TrajectoryRecorder:
         self._entropies: list[torch.Tensor] = []  # T x (B,)
         self._counts: list[torch.Tensor] = []  # T x (B,)
         self._greedy: list[torch.Tensor] = []  # T x (n_s,) argmax at the positions masked before s
+        self._prediction: list[torch.Tensor] = []  # T x (n_s,) the sampler's draw there (MDPO)
+        self._confidence: list[torch.Tensor] = []  # T x (n_s,) float32 its probability at temperature tau
 
     # ---- recording ----------------------------------------------------------------------
     @torch.no_grad()
@@ -88,12 +104,25 @@ class TrajectoryRecorder:
         self._logps.append(torch.zeros(B, device=x_before.device).index_add_(0, rows, tok_logp))
         self._entropies.append(torch.zeros(B, device=x_before.device).index_add_(0, rows, ent) / count.clamp_min(1))
         self._counts.append(count.to(torch.int16))
-        if self.record_greedy:
+        if self.record_greedy or self.record_prediction:
             dtype = torch.int16 if logits.shape[-1] <= torch.iinfo(torch.int16).max + 1 else torch.int32
-            still = logits[masked]  # (n_s, V) a copy, row-major over `masked`
-            if self.mask_id < still.shape[-1]:
+            still = logits[masked].float()  # (n_s, V) a copy, row-major over `masked`
+            has_mask = self.mask_id < still.shape[-1]
+            if has_mask:
+                mask_logit = still[:, self.mask_id].clone()  # (n_s,)
                 still[:, self.mask_id] = float("-inf")  # a completion has no masks left
-            self._greedy.append(still.argmax(-1).to(dtype))  # (n_s,)
+            greedy = still.argmax(-1)  # (n_s,)
+            if has_mask:
+                still[:, self.mask_id] = mask_logit  # the confidences below are over the whole vocabulary
+            if self.record_greedy:
+                self._greedy.append(greedy.to(dtype))
+            if self.record_prediction:
+                drawn = candidates[masked]  # (n_s,) the draws in the current block; the mask id elsewhere
+                pred = torch.where(drawn != self.mask_id, drawn, greedy)  # (n_s,)
+                tempered = still / self.temperature if self.temperature > 0 else still
+                conf = (tempered.gather(-1, pred[:, None]).squeeze(-1) - tempered.logsumexp(-1)).exp()  # (n_s,)
+                self._prediction.append(pred.to(dtype))
+                self._confidence.append(conf)
         self.final = torch.where(committed, candidates, self.final)
         self.commit_step = torch.where(committed, torch.tensor(step, dtype=torch.int16, device=committed.device),
                                        self.commit_step)
@@ -125,15 +154,24 @@ class TrajectoryRecorder:
     def select(self, rows: torch.Tensor) -> TrajectoryRecorder:
         """A recorder holding only the samples ``rows`` (B',) long, in that order (dynamic sampling)."""
         assert self.final is not None and self.commit_step is not None
-        out = TrajectoryRecorder(self.mask_id, self.record_greedy, self.variable_steps)
+        out = TrajectoryRecorder(self.mask_id, self.record_greedy, self.variable_steps, self.record_prediction,
+                                 self.temperature)
         out.num_steps, out.final, out.commit_step = self.num_steps, self.final[rows], self.commit_step[rows]
         out._logps = [v[rows] for v in self._logps]
         out._entropies = [v[rows] for v in self._entropies]
         out._counts = [v[rows] for v in self._counts]
-        for s, flat in enumerate(self._greedy):  # flat over the masked positions before s, row-major
+        out._greedy = self._select_flat(self._greedy, rows)
+        out._prediction = self._select_flat(self._prediction, rows)
+        out._confidence = self._select_flat(self._confidence, rows)
+        return out
+
+    def _select_flat(self, per_step: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
+        """Per-step flat values over the positions masked before each step (row-major), of ``rows`` only."""
+        out = []
+        for s, flat in enumerate(per_step):
             per_row = (self.state_before(s) == self.mask_id).sum(-1).tolist()
             parts = flat.split(per_row)
-            out._greedy.append(torch.cat([parts[r] for r in rows.tolist()]) if rows.numel() else flat[:0])
+            out.append(torch.cat([parts[r] for r in rows.tolist()]) if rows.numel() else flat[:0])
         return out
 
     # ---- reconstruction -----------------------------------------------------------------
@@ -161,6 +199,43 @@ class TrajectoryRecorder:
         x[still] = self._greedy[s].to(x.dtype)
         return x
 
+    def prediction(self, s: int) -> torch.Tensor:
+        """(B, P+L) the sampler's one-step prediction at step ``s``: ``state_before(s)`` with every masked
+        position set to the token drawn there (MDPO; see the module docstring)."""
+        self._check(s, self.num_steps - 1)
+        if not self.record_prediction:
+            raise RuntimeError("predictions were not recorded (record_prediction=False)")
+        x = self.state_before(s)
+        still = x == self.mask_id
+        x[still] = self._prediction[s].to(x.dtype)
+        return x
+
+    def prediction_confidence(self, s: int) -> torch.Tensor:
+        """(B, P+L) float32: the probability at temperature ``tau`` of each token :meth:`prediction` filled
+        in at step ``s``; 0 at the positions not masked before ``s``."""
+        self._check(s, self.num_steps - 1)
+        if not self.record_prediction:
+            raise RuntimeError("predictions were not recorded (record_prediction=False)")
+        still = self.state_before(s) == self.mask_id
+        conf = torch.zeros(still.shape, dtype=torch.float32, device=still.device)
+        conf[still] = self._confidence[s].to(conf.device)
+        return conf
+
+    def predictions_at(self, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`prediction` and :meth:`prediction_confidence` at per-sample steps, one row per
+        (sample, slot), in the order of :meth:`states_at`. steps (B, K) in ``[0, T)`` -> (B*K, P+L) each"""
+        assert self.final is not None
+        B, K = steps.shape
+        flat = steps.reshape(-1).cpu()  # (B*K,)
+        rows = torch.arange(B).repeat_interleave(K)  # (B*K,) the sample of each row
+        tokens = self.final.new_empty(B * K, self.final.shape[1])
+        conf = torch.empty(B * K, self.final.shape[1], dtype=torch.float32, device=self.final.device)
+        for s in flat.unique().tolist():  # one reconstruction per distinct step
+            hit = (flat == s).nonzero()[:, 0]
+            tokens[hit.to(tokens.device)] = self.prediction(s)[rows[hit].to(tokens.device)]
+            conf[hit.to(conf.device)] = self.prediction_confidence(s)[rows[hit].to(conf.device)]
+        return tokens, conf
+
     def states_at(self, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """States before, and positions committed at, per-sample steps; one row per (sample, slot).
 
@@ -182,5 +257,6 @@ class TrajectoryRecorder:
 
     def nbytes(self) -> int:
         """Bytes held by the recorded trajectory (all samples)."""
-        held = [self.commit_step, self.final, *self._logps, *self._entropies, *self._counts, *self._greedy]
+        held = [self.commit_step, self.final, *self._logps, *self._entropies, *self._counts, *self._greedy,
+                *self._prediction, *self._confidence]
         return sum(t.numel() * t.element_size() for t in held if t is not None)

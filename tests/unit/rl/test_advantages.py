@@ -66,7 +66,7 @@ def test_stepwise_metrics_ignore_unused_slots_and_need_values():
 
 
 def test_configs_validate_and_registry_names():
-    assert ADVANTAGES.names() == ["group", "group_std", "loo", "per_token", "stepwise", "zscore"]
+    assert ADVANTAGES.names() == ["group", "group_std", "loo", "mdpo", "per_token", "stepwise", "zscore"]
     assert GroupConfig().name == "group" and LOOConfig().name == "loo" and AdvantageConfig().name == "group_std"
     with pytest.raises(ConfigError, match="advantage.lam"):
         StepwiseConfig(lam=-1).validate()
@@ -78,6 +78,7 @@ def test_configs_validate_and_registry_names():
     ("grpo", "loo", True), ("grpo", "stepwise", False), ("stabledrl", "group", True), ("grpo", "per_token", True),
     ("stabledrl", "per_token", False), ("egspo", "per_token", False),
     ("egspo", "stepwise", True), ("egspo_sa", "group_std", False), ("egspo_sa", "stepwise", True),
+    ("mdpo", "mdpo", True), ("mdpo", "group_std", False), ("egspo_sa", "mdpo", False),
 ])
 def test_objectives_refuse_estimators_they_cannot_use(tmp_path, objective, advantage, ok):
     from diffusion_rl.app.train import build

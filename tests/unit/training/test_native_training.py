@@ -22,12 +22,14 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.registry import discover
 from diffusion_rl.rl.objectives import OBJECTIVES
 from diffusion_rl.tasks.sudoku import SudokuTask
-from tests.helpers.common import compose_cfg
+from tests.helpers.common import STEP_OBJECTIVES, compose_cfg
 from tests.helpers.released_layouts import write_checkpoint
 
 PRESETS = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat",
            "diffucoder": "diffucoder_7b_instruct", "trado": "trado_8b_instruct", "llada2": "llada2_mini"}
 BLOCK = {"sdar", "trado", "llada2"}  # block models: a sequence-level objective scores with the staircase
+# objectives that refuse block models (MDPO: its one-step prediction lies outside the block the sampler computes)
+MASKED_ONLY = {"mdpo"}
 # LLaDA2's preset runs blocks of 32: one block of completion
 GEN = {"llada2": ["sampler.gen_length=32", "sampler.block_length=32"]}
 SMALL = [  # two prompts x 4 samples, 8 tokens, no warm start or evaluation: only the RL steps
@@ -61,7 +63,7 @@ def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monk
     extra = ["likelihood=staircase", "objective.surrogate=elbo"] if arch in BLOCK and objective == "stabledrl" else []
     # two optimizer steps whatever the objective's inner updates per rollout (ESPO's default is 8)
     extra.append(f"objective.mu={min(OBJECTIVES.get(objective).config_class().mu, 2)}")
-    if objective in ("egspo", "egspo_sa"):
+    if objective in STEP_OBJECTIVES:
         extra.append("objective.K=2")  # the public K = 8 exceeds the small sampler's steps
     if objective == "bgpo":
         extra.append("likelihood.num_samples=4")  # 16 copies are 16 forwards and backwards per update; 4 run the same code
@@ -90,8 +92,10 @@ def test_two_rl_steps(folders, arch, objective, lora, tmp_path, monkeypatch):
     if lora:
         pytest.importorskip("peft")
     # refused at start-up in one line on a block model: trees branch the masked-diffusion sampler; JustGRPO
-    # decodes left to right, which a block model's sampler does not
+    # decodes left to right, which a block model's sampler does not; MDPO (MASKED_ONLY) values the
+    # masked-diffusion sampler's predictions
     refused = {"justgrpo": r"^model\.block_size=\d+ is invalid: objective=justgrpo"}
+    refused.update(dict.fromkeys(MASKED_ONLY, "model.block_size"))
     if arch in BLOCK and (OBJECTIVES.get(objective).needs_tree or objective in refused):
         with pytest.raises(ConfigError, match=refused.get(objective, r"rollout\.tree\.branches.*block model")):
             run(folders[arch], arch, objective, lora, tmp_path, monkeypatch)

@@ -214,8 +214,10 @@ class Objective(ABC):
     policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
     # advantage estimators (rl/advantages.py) whose output this objective can use
     advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
-    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL)
+    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL, MDPO)
     needs_tree: ClassVar[bool] = False  # trains on tree rollouts' edges (rollout.tree, rl/tree.py: d-TreeRPO)
+    # the recorder also keeps the sampler's one-step prediction at every step and its confidences (MDPO)
+    needs_predictions: ClassVar[bool] = False
     kl_agg: str = "seq-mean-token-mean"  # how the KL units reduce to the penalty (agg_loss's modes)
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):

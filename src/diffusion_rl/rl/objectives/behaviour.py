@@ -42,6 +42,10 @@ What is comparable, per estimator (``log pi_old`` is the estimator at ``theta = 
   ``1/t``: not 0 for the exact sampler either.
 - **stratified** (ESPO, per position): the sampler's token log-probability against the position's
   weighted ELBO term, equal only on average; ESPO's ratio is per sequence, so it refuses ``tis``.
+- **MDPO's predictions** (per masked position of a trained step): the log of the confidence the
+  sampler recorded for the token it predicted there (its temperature-``tau`` probability) against the
+  rollout policy's replay on the recorded state: the same quantity twice, 0 up to float batching
+  with the exact sampler. MDPO's loss has no ratio, so it refuses ``tis``.
 
 Positions filled with EOS by ``stop_after_eos`` carry log-probability 0 (a rule, not a draw); they
 lie after the first EOS, outside the completion mask, and count only where an estimator scores them

@@ -47,19 +47,28 @@ def _pad(rows: list[torch.Tensor], K: int, device: torch.device) -> torch.Tensor
     return out
 
 
+def top_k_steps(score: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
+                lowest: bool = False) -> torch.Tensor:
+    """The ``K`` candidate steps of highest ``score``, highest first, ties to the earlier step
+    (``lowest``: of lowest score, lowest first); ``-1`` in the slots left over. (B, T) -> (B, K)
+
+    The rule behind ``entropy`` and ``low_entropy``, and MDPO's choice of the steps of largest ``|A|``."""
+    cand = _candidates(score, candidates)
+    fill = float("inf") if lowest else float("-inf")
+    masked = score.float().masked_fill(~cand, fill)  # (B, T)
+    order = masked.argsort(dim=-1, descending=not lowest, stable=True)[:, :K]  # (B, min(K, T))
+    ok = cand.gather(-1, order)
+    idx = torch.full((score.shape[0], K), -1, dtype=torch.long, device=score.device)
+    idx[:, : order.shape[1]] = order.masked_fill(~ok, -1)
+    return idx
+
+
 @SELECTORS.register("entropy")
 def select_entropy(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
                    generator: torch.Generator | None = None, lowest: bool = False) -> torch.Tensor:
     """Top-``K`` candidate steps by entropy, highest first (``lowest``: bottom-``K``, lowest first).
     (B, T) -> (B, K)"""
-    cand = _candidates(entropies, candidates)
-    fill = float("inf") if lowest else float("-inf")
-    score = entropies.float().masked_fill(~cand, fill)  # (B, T)
-    order = score.argsort(dim=-1, descending=not lowest, stable=True)[:, :K]  # (B, min(K, T))
-    ok = cand.gather(-1, order)
-    idx = torch.full((entropies.shape[0], K), -1, dtype=torch.long, device=entropies.device)
-    idx[:, : order.shape[1]] = order.masked_fill(~ok, -1)
-    return idx
+    return top_k_steps(entropies, K, candidates, lowest)
 
 
 @SELECTORS.register("low_entropy")
