@@ -23,7 +23,7 @@ the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``
   (``/ (1 + lam)`` when ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k``
   (``/ (std + eps)`` when ``std_scale``). ``lam = 0`` gives ``group`` / ``group_std`` for every
   slot.
-- ``mdpo``:      MDPO (docs/methods.md §4.12). With ``r_jt`` the reward of the sampler's one-step
+- ``mdpo``:      MDPO (docs/methods.md §4.16). With ``r_jt`` the reward of the sampler's one-step
   prediction at step ``t`` of sample ``j`` (every step, in order; the last one is the final
   completion), ``a_jt = (r_jt - r_j,t-1) + 1 + mean_{u > t} r_ju`` (``r_j,-1 = 0``; the last step's
   mean is ``r_j,T-1``) and ``A_jt = (a_jt - mean_G(a_.t)) / (std_G(a_.t) + eps)`` per step (the unbiased

@@ -1,5 +1,5 @@
 """MDPO: every denoising step's one-step prediction is rewarded, and the steps whose advantage is
-largest are trained (docs/methods.md §4.12).
+largest are trained (docs/methods.md §4.16).
 
 At each step ``t`` the sampler's forward on the state ``x_t`` predicts every masked position at once:
 ``xtil_t``, the tokens it draws there (temperature ``tau``). The trajectory recorder keeps ``xtil_t``
