@@ -446,3 +446,75 @@ def test_the_yaml_runs_the_public_regime_and_the_recipe_sets_sudoku_updates(tmp_
     assert c.objective.cfg.mu == 12
     c = build(compose_cfg(["objective=cj_grpo", "~testbed"], tmp_path))  # task=sudoku
     assert c.objective.cfg.mu == 8
+
+
+# ======================================================================= 5. runs
+def test_a_tiny_run_with_eoser_and_ass_trains_and_the_old_policy_modes_agree(tmp_path):
+    """``sampler.schedule=ass`` (Sudoku's 16 cells: 4 steps of 1, 2, 4, 9) with EOSER: the run trains,
+    every rollout takes log2 16 = 4 steps, and a frozen copy of the old policy and old values taken at
+    rollout time give the same losses."""
+    import csv
+
+    from diffusion_rl.app.train import train
+
+    common = ["objective=cj_grpo", "objective.mu=2", "sampler.schedule=ass", "sampler.eos_gamma_min=0.01",
+              "optim.lr=3e-4", "trainer.max_steps=2", "eval.before=false", "eval.after=false"]
+    losses = {}
+    for mode in ("copy", "cached"):
+        train(compose_cfg([*common, f"old_policy={mode}"], tmp_path), tmp_path / mode)
+        rows = [r for r in csv.DictReader(open(tmp_path / mode / "metrics.csv")) if r.get("train/loss")]
+        assert len(rows) == 2 and float(rows[0]["rollout/steps_per_sample"]) == 4
+        assert 0 < float(rows[0]["cost/train_forwards_per_sample"]) <= 4
+        losses[mode] = [float(r["train/loss"]) for r in rows]
+    assert losses["copy"] == pytest.approx(losses["cached"], abs=1e-7)
+    assert losses["copy"][1] != 0  # the second update's ratio moved
+
+
+def _losses_on(shard, mu=2):
+    """The loss of every inner update of one rollout (3 groups of 4, the second spanning both halves),
+    computed by the process ``shard`` describes from its own rows."""
+    torch.manual_seed(0)
+    bundle = build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
+    full, _, out = masked_rollout(bundle, pin=True)
+    n = full.completion_ids.shape[0]
+    rows = shard.rows(n)
+    local = torch.arange(n)[rows]
+    ro = rollout_of(full.prompt_ids[rows], full.prompt_mask[rows], full.completion_ids[rows], full.completion_mask[rows],
+                    full.rewards[rows], full.advantages[rows], 4, shard=shard, trajectory=full.trajectory.select(local),
+                    sampler_logp=out.token_logp[rows], pinned=full.pinned[rows])
+    ro = replace(ro, all_rewards=full.rewards)
+    obj = objective_of(bundle, mu=mu)
+    ctx = StepContext(ro, 0, 0, logits_fn(perturbed(bundle.net)), logits_fn(bundle.net.eval()),
+                      logits_fn(perturbed(bundle.net, 9)))
+    out_losses = []
+    for it in range(mu):
+        ctx.inner_iter = it
+        loss, _ = obj.loss(ctx)
+        out_losses.append(loss.item())
+    return out_losses
+
+
+def _ddp_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    from diffusion_rl.core.distributed import Shard
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.save(_losses_on(Shard(rank, world, rank * 12 // world)), f"{out_dir}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_losses(tmp_path):
+    """Gloo, two processes with 6 rows each: the (sample, transition, position) units gathered, a group
+    spanning the processes reduced as on one."""
+    import torch.multiprocessing as mp
+
+    from diffusion_rl.core.distributed import Shard
+
+    one = _losses_on(Shard())
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        assert torch.load(tmp_path / f"{rank}.pt") == pytest.approx(one, abs=1e-6, rel=1e-6)
