@@ -5,7 +5,7 @@ config errors and the yaml.
 
 The reference below is written for this test from ``cj-grpo/cj_grpo_trainer_semiar.py``
 (``compute_loss`` L84-151, ``_get_per_token_logps`` L398-434, the recording in ``reversed_process``
-L290-358 and the advantages L580-597) in the same tensor operations and order, and imports nothing of
+L261-360 and the advantages L580-597) in the same tensor operations and order, and imports nothing of
 ``rl/objectives/cj_grpo.py``. The public trainer runs one micro-batch of one group (G rows) through
 ``compute_loss``; the reference loss of a batch is the mean of its groups' losses, as gradient
 accumulation and data parallelism average them.

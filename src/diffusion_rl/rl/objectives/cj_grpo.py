@@ -37,9 +37,10 @@ options any objective may use: ``sampler.schedule=ass``, ``sampler.eos_gamma_min
 Deviations, each with its reason (the loss itself is transcribed: ``tests/unit/rl/test_cj_grpo.py``):
 
 - The public scripts cannot run as released: ``cj_grpo_train.py`` imports ``flow_grpo_config``, which
-  the repository does not hold (its config is ``cj_grpo_config.py``), and the run scripts pass
-  ``diffusion_steps`` 32 / 128 with ``max_completion_length`` 128 / 256 while the ASS trainers assert
-  ``steps == log2(L)`` (and the EOSER trainer ``block_length == L``). This file follows the code's math.
+  the repository does not hold (its config is ``cj_grpo_config.py``); ``run.sh`` (``train.yaml``: 128
+  steps, L 256, block 128) and the slurm scripts (32 steps, L 128, ``block_num`` 64) break the ASS
+  trainers' ``steps == log2(L)`` and ``block_num <= steps`` and the EOSER trainer's ``block_length ==
+  L``. This file follows the code's math.
 - A transition that unmasked no token of a group does not count in ``K_g`` (the public ``0 / 0``
   gives NaN; its lockstep sampler without pinned tokens never has one). Pinned tokens
   (``Task.pinned_completion``), positions where the sampler drew the mask token (unmasked later, as in
@@ -53,8 +54,8 @@ Deviations, each with its reason (the loss itself is transcribed: ``tests/unit/r
   masks, so every inner update shares them).
 - The micro-batch is one group (``per_device_train_batch_size`` = ``num_generations`` = 6 there);
   gradient accumulation and processes average micro-batch losses, so the loss is the mean over groups.
-  TRL's ``sync_ref_model`` (``train.yaml``) moves no reference in the public LoRA runs (the reference
-  is the base with the adapters off): the reference stays fixed, as in ``grpo.py``.
+  The reference stays fixed: ``train.yaml`` sets TRL's ``sync_ref_model`` as d1's does, and in these
+  LoRA runs the reference is the base with the adapters off, which TRL does not move (``grpo.py``).
 - Rows are the (sample, transition) pairs that unmasked a token; all go through the model in one
   batch per inner update (the module has no micro-batching: ``N x steps`` rows on a real model, so
   long trajectories need ``sampler.schedule=ass`` or a smaller batch), the public code one transition
