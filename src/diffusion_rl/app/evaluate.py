@@ -133,15 +133,16 @@ def gen_lengths(ev: EvalProtocolConfig, task: Task, sampler: SamplerConfig) -> l
 
 def protocol_sampler(base: SamplerConfig, gen_length: int, ev: EvalProtocolConfig) -> SamplerConfig:
     """Greedy, low-confidence remasking (the papers' order, whatever order the rollouts use: Sudoku's
-    unmask at random), blocks of ``min(block_length, gen_length)``, ``steps = gen_length *
-    steps_per_token`` rounded to a whole number of steps per block."""
+    unmask at random; the even schedule without EOS scaling, whatever CJ-GRPO's decoders the rollouts
+    ran), blocks of ``min(block_length, gen_length)``, ``steps = gen_length * steps_per_token``
+    rounded to a whole number of steps per block."""
     block = min(ev.block_length, gen_length)
     if gen_length % block:
         raise ConfigError("eval.gen_lengths", gen_length, f"must be a multiple of eval.block_length={block}")
     blocks = gen_length // block
     per_block = max(1, round(gen_length * ev.steps_per_token / blocks))
     sampler = replace(base, gen_length=gen_length, block_length=block, steps=blocks * per_block, temperature=0.0,
-                      remasking="low_confidence")
+                      remasking="low_confidence", schedule="even", eos_gamma_min=1.0, eos_gamma_max=1.0)
     sampler.validate("eval")
     return sampler
 

@@ -6,8 +6,10 @@ step ``s``.
 where ``x_s`` is the partially masked state before step ``s``, ``U_s`` the positions committed at
 ``s`` and ``x_i`` the committed tokens; temperature 1, as the trajectory recorder uses. The
 probability of *which* positions were chosen is ignored, as in the paper's code. One batched forward
-covers every (sample, selected step) row. Not registered in ``LIKELIHOODS``: it scores a step of a
-recorded trajectory, not a ``(prompt, completion)`` pair, so EGSPO calls it directly.
+covers every (sample, selected step) row. ``reduce="token"`` keeps the terms of the sum apart, one
+per committed position (CJ-GRPO's per-token ratios on every transition). Not registered in
+``LIKELIHOODS``: it scores a step of a recorded trajectory, not a ``(prompt, completion)`` pair, so
+EGSPO and CJ-GRPO call it directly.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ def stepwise_logps(
     tokens: torch.Tensor,  # (N, P+L) the committed tokens at those positions (others ignored)
     reduce: str = "sum",
 ) -> torch.Tensor:
-    """Per-row log-probability of the step's committed tokens. -> (N,)"""
-    if reduce not in ("sum", "mean"):
-        raise ValueError(f"reduce={reduce!r}: allowed sum, mean")
+    """Per-row log-probability of the step's committed tokens -> (N,); with ``reduce="token"`` each
+    committed token's -> (N, P+L), 0 elsewhere."""
+    if reduce not in ("sum", "mean", "token"):
+        raise ValueError(f"reduce={reduce!r}: allowed sum, mean, token")
     logp = forward_logps(forward, states, attn, tokens, 0, select=committed)  # (N, P+L), 0 where not committed
+    if reduce == "token":
+        return logp
     total = logp.sum(-1)  # (N,)
     if reduce == "mean":
         total = total / committed.sum(-1).clamp_min(1).to(total.dtype)

@@ -44,6 +44,7 @@ from diffusion_rl.sampling.sampler import (
     StepRecorder,
     block_schedule,
     denoise_step,
+    eos_scale_at,
     fill_after,
     generate,
     gumbel_argmax,
@@ -68,6 +69,9 @@ def check_block_sampler(cfg: SamplerConfig, block_size: int) -> None:
     if cfg.cache != "none":
         raise ConfigError("sampler.cache", cfg.cache,
                           "must be none with a block model (its sampler already caches finished blocks, exactly)")
+    if cfg.schedule == "ass" and num_blocks != 1:
+        raise ConfigError("sampler.schedule", cfg.schedule,
+                          f"needs one model block (model.block_size={block_size} < sampler.gen_length={cfg.gen_length})")
 
 
 def align_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, block_size: int,
@@ -103,8 +107,9 @@ def block_generate(
     (the reference the cache is checked against). A ``recorder`` sees full-width ``(B, P + L)``
     tensors; the logits outside the current block are zeros (a block model has not computed them:
     EGSPO-SA's greedy completions of later blocks are therefore not meaningful here).
-    ``sampler.decode``, ``sampler.stop_after_eos`` (which needs ``eos_id``; SDAR's sampler stops
-    after a block that holds EOS too), ``canvas`` (pinned tokens) and ``noise`` (per-row random
+    ``sampler.decode``, ``sampler.schedule`` (``ass``: one model block), EOSER and
+    ``sampler.stop_after_eos`` (both need ``eos_id``; SDAR's sampler stops after a block that holds
+    EOS too), ``canvas`` (pinned tokens) and ``noise`` (per-row random
     numbers) work as in the masked-diffusion sampler.
     """
     check_block_sampler(cfg, block_size)
@@ -112,8 +117,8 @@ def block_generate(
         raise ConfigError("sampler.editing_threshold", cfg.editing_threshold,
                           "must be null for an objective that trains on the recorded trajectory (an edited token has "
                           "no single unmasking step)")
-    if cfg.stop_after_eos and eos_id is None:
-        raise ValueError("sampler.stop_after_eos needs the EOS id")
+    if (cfg.stop_after_eos or cfg.eoser) and eos_id is None:
+        raise ValueError("sampler.stop_after_eos and EOSER need the EOS id")
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     prompt_ids, keep_prompt, pad = align_prompt(prompt_ids, prompt_mask, block_size, mask_id)  # pads: never attended
@@ -135,7 +140,8 @@ def block_generate(
         for k in block_schedule(cfg, x[:, start:end], mask_id, n_steps, live):  # a view: sees the commits
             blk = x[:, start:end]  # (B, bs)
             logits = _block_logits(net, x, keep, cache, start, end, use_cache, stats)  # (B, bs, V)
-            cand, commit = denoise_step(logits, (blk == mask_id) & live[:, None], k, cfg, noise, gdtype)  # (B, bs)
+            cand, commit = denoise_step(logits, (blk == mask_id) & live[:, None], k, cfg, noise, gdtype,
+                                        eos_scale_at(cfg, eos_id, step))  # (B, bs)
             stats.add(logits, commit, cand, start)
             if recorder is not None:
                 _record(recorder, step, x, logits, cand, commit, start)

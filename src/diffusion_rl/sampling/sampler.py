@@ -36,6 +36,22 @@ The exact sampler is ``decode=fixed cache=none stop_after_eos=false`` (the defau
   decodes no further, and its remaining positions are set to EOS; once every row has ended, the
   remaining blocks take no forward pass (the completion mask ignores tokens after the first EOS; the
   likelihood estimators still see them as context).
+
+Two decoders of CJ-GRPO (yjyddq/EOSER-ASS-RL @ 5affb4e, ``cj-grpo/cj_grpo_trainer_{eoser,ass,eoser_ass}.py``),
+options of ``decode=fixed`` that any objective may use:
+
+- ``schedule=ass`` (ascending step size, :func:`ass_transfer_tokens`): ``steps = floor(log2 L)``, step
+  ``i`` commits ``2^i`` tokens and the last step every position left (``get_num_transfer_tokens_ass``
+  with one block: 1, 2, 4, ..., 64, 129 for ``L = 256``), so the completion takes ``log2 L`` forwards.
+  One block only (the public ``block_num=1``; its ``block_num > 1`` layout of unequal blocks is not
+  implemented). With pinned tokens a row commits ``min(2^i, left)`` and the last step the rest.
+- ``eos_gamma_min`` / ``eos_gamma_max`` (EOSER, :func:`eos_factor`): before the top-k, an EOS
+  candidate's confidence is multiplied by ``gamma_min + (gamma_max - gamma_min) t``, ``t`` the
+  step's progress: ``s / (steps - 1)`` over the sampler's global step ``s`` (the public ``sampling``;
+  it runs one block, here the factor rises over the whole decoding whatever the blocks), or with
+  ``schedule=ass`` the share ``(2^(s+1) - 1) / 2^steps`` of tokens decoded by the end of the step
+  (the public ``ass_sampling``). Early EOS candidates lose the top-k to content tokens, so the model
+  does not end the answer before writing it; the drawn tokens and their probabilities are unchanged.
 """
 
 from __future__ import annotations
@@ -54,6 +70,7 @@ from diffusion_rl.sampling.noise import RowNoise, uniform
 Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (ids, attn) -> logits
 DECODES = ("fixed", "threshold", "factor")
 CACHES = ("none", "prefix", "dual")
+SCHEDULES = ("even", "ass")
 
 
 @dataclass
@@ -80,6 +97,13 @@ class SamplerConfig:
     # replaced where the model now prefers another with probability above this; None = no editing
     editing_threshold: float | None = None
     max_post_steps: int = 16  # editing: passes over a full block while they still change a token
+    # decode=fixed's commit counts: even (num_transfer_tokens) | ass (CJ-GRPO's ascending step size:
+    # step i commits 2^i tokens, the last the rest; one block, steps = floor(log2 gen_length))
+    schedule: str = "even"
+    # EOSER (CJ-GRPO): an EOS candidate's confidence times a factor rising linearly from eos_gamma_min
+    # at the first step to eos_gamma_max at the last (the public run: 0.01 -> 1.0); 1.0 / 1.0 = off
+    eos_gamma_min: float = 1.0
+    eos_gamma_max: float = 1.0
 
     def validate(self, prefix: str = "sampler") -> None:
         for key in ("gen_length", "block_length", "steps"):
@@ -127,6 +151,29 @@ class SamplerConfig:
             raise ConfigError(f"{prefix}.editing_threshold", self.editing_threshold, "must be in [0, 1] or null (no editing)")
         if self.max_post_steps < 0:
             raise ConfigError(f"{prefix}.max_post_steps", self.max_post_steps, "must be >= 0")
+        self._validate_cj_decoders(prefix)
+
+    def _validate_cj_decoders(self, prefix: str) -> None:
+        """ASS and EOSER (CJ-GRPO's decoders) on top of the checks above."""
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"{prefix}.schedule", self.schedule, f"allowed: {', '.join(SCHEDULES)}")
+        if self.schedule == "ass":
+            if self.decode != "fixed":
+                raise ConfigError(f"{prefix}.schedule", self.schedule, f"needs {prefix}.decode=fixed (it sets the commit counts)")
+            if self.block_length != self.gen_length:
+                raise ConfigError(f"{prefix}.block_length", self.block_length,
+                                  f"must equal {prefix}.gen_length={self.gen_length} with {prefix}.schedule=ass (one block)")
+            if self.gen_length < 2 or self.steps != ass_steps(self.gen_length):
+                raise ConfigError(f"{prefix}.steps", self.steps, f"must be floor(log2 gen_length)={ass_steps(self.gen_length)} "
+                                  f"with {prefix}.schedule=ass (step i commits 2^i tokens); gen_length must be >= 2")
+        for key in ("eos_gamma_min", "eos_gamma_max"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"{prefix}.{key}", getattr(self, key), "must be >= 0 (1.0 and 1.0: EOSER off)")
+        if self.eoser and self.decode != "fixed":
+            raise ConfigError(f"{prefix}.decode", self.decode,
+                              "must be fixed with EOSER (eos_gamma_min/max != 1: its factor rises over a known number of steps)")
+        if self.eoser and self.remasking != "low_confidence":
+            raise ConfigError(f"{prefix}.remasking", self.remasking, "must be low_confidence with EOSER (it scales confidences)")
 
     @property
     def num_blocks(self) -> int:
@@ -137,15 +184,23 @@ class SamplerConfig:
         return self.steps // self.num_blocks
 
     @property
+    def eoser(self) -> bool:
+        """Whether EOSER scales EOS confidences (a factor other than 1 at some step)."""
+        return self.eos_gamma_min != 1.0 or self.eos_gamma_max != 1.0
+
+    @property
     def exact(self) -> bool:
-        """Whether this is the exact sampler of docs/methods.md §2 (no fewer-forward option on)."""
+        """Whether this is the exact sampler of docs/methods.md §2 (no fewer-forward option on, the even
+        schedule, no EOS scaling)."""
         return (self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
-                and self.editing_threshold is None)
+                and self.editing_threshold is None and self.schedule == "even" and not self.eoser)
 
     def as_exact(self) -> SamplerConfig:
         """The exact sampler of docs/methods.md §2: low-confidence remasking with every fewer-forward
-        option off (a rollout sampler may unmask in random order; the papers evaluate this way)."""
-        return replace(self, decode="fixed", cache="none", stop_after_eos=False, remasking="low_confidence")
+        option off, the even schedule and no EOS scaling (a rollout sampler may unmask in random order or
+        with CJ-GRPO's decoders; the papers evaluate this way)."""
+        return replace(self, decode="fixed", cache="none", stop_after_eos=False, remasking="low_confidence",
+                       schedule="even", eos_gamma_min=1.0, eos_gamma_max=1.0)
 
 
 class StepRecorder(Protocol):
@@ -234,11 +289,43 @@ def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
     return (base + (idx < rem).long()).long()
 
 
+def ass_steps(gen_length: int) -> int:
+    """ASS's number of steps, ``floor(log2 L)`` (``int(log2(gen_length))`` in the public code)."""
+    return max(gen_length, 1).bit_length() - 1
+
+
+def ass_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """ASS's commit counts: step ``i`` commits ``2^i`` tokens, the last step every one left.
+
+    masked: (B,) masked-token counts -> (B, steps) int64. With ``masked = L`` and ``steps = floor(log2
+    L)`` these are the public ``get_num_transfer_tokens_ass`` counts (one block); fewer masked
+    positions (pinned tokens) run out early: ``min(2^i, left)``, then 0.
+    """
+    want = 2 ** torch.arange(steps, device=masked.device)  # (steps,) 1, 2, 4, ...
+    before = want.cumsum(0) - want  # (steps,) committed before step i, had every step its 2^i
+    k = (masked[:, None] - before[None, :]).clamp_min(0).minimum(want[None, :])  # (B, steps)
+    k[:, -1] = masked - k[:, :-1].sum(-1)  # the last step: everything left
+    return k.long()
+
+
+def eos_factor(cfg: SamplerConfig, step: int) -> float:
+    """EOSER's factor on an EOS candidate's confidence at the sampler's global step ``step``: linear
+    in ``step / (steps - 1)`` (``gamma_max`` with one step), or with ``schedule=ass`` in the share of
+    tokens decoded by the end of the step, ``(2^(step+1) - 1) / 2^steps`` (the public
+    ``sampling`` / ``ass_sampling``)."""
+    if cfg.schedule == "ass":
+        t = (2 ** (step + 1) - 1) / 2 ** cfg.steps
+    else:
+        t = min(max(step, 0), cfg.steps - 1) / (cfg.steps - 1) if cfg.steps > 1 else 1.0
+    return cfg.eos_gamma_min + (cfg.eos_gamma_max - cfg.eos_gamma_min) * t
+
+
 def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
                    fixed_steps: int, live: torch.Tensor | None = None) -> Iterator[torch.Tensor | None]:
     """The commit counts of one block's steps. ``block`` (B, n) is a *view* of the block in the state
     the sampler updates in place; ``live`` (B,) bool the rows still decoding (None: all).
-    ``decode=fixed`` gives ``fixed_steps`` counts (B,) of :func:`num_transfer_tokens`; ``threshold`` /
+    ``decode=fixed`` gives ``fixed_steps`` counts (B,) of :func:`num_transfer_tokens` (of
+    :func:`ass_transfer_tokens` with ``schedule=ass``); ``threshold`` /
     ``factor`` give ``None`` (the count is read from the confidences) while a live row has a masked
     position left, at most as many times as there were at the start."""
     def open_() -> torch.Tensor:  # (B, n) the positions left to decode
@@ -246,7 +333,8 @@ def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
 
     masked = open_().sum(-1)  # (B,)
     if cfg.decode == "fixed":
-        yield from num_transfer_tokens(masked, fixed_steps).unbind(1)
+        counts = ass_transfer_tokens if cfg.schedule == "ass" else num_transfer_tokens
+        yield from counts(masked, fixed_steps).unbind(1)
         return
     for _ in range(int(masked.max()) if masked.numel() else 0):
         if not bool(open_().any()):
@@ -293,12 +381,14 @@ def parallel_count(conf: torch.Tensor, allowed: torch.Tensor, cfg: SamplerConfig
 
 
 def denoise_step(logits: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor | None, cfg: SamplerConfig,
-                 noise: RowNoise | None, gumbel_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                 noise: RowNoise | None, gumbel_dtype: torch.dtype,
+                 eos_scale: tuple[int, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One low-confidence remasking step (docs/methods.md §2) over a region of ``T`` positions.
 
     logits (B, T, V); ``allowed`` (B, T) the masked positions that may be committed now (in the
     current block); ``k`` (B,) how many to commit, or None to let ``cfg.decode`` (threshold, factor)
-    choose from the confidences. Returns the candidates (B, T), drawn at every position, and the
+    choose from the confidences. ``eos_scale`` ``(eos_id, factor)``: EOSER, an EOS candidate's
+    confidence times ``factor`` (None: unscaled). Returns the candidates (B, T), drawn at every position, and the
     committed positions (B, T) bool: the ``k`` most confident allowed ones. Only the rows with an
     allowed position draw from ``noise`` (``sampling/noise.py``): a row's numbers depend on its own
     progress alone, not on the rows beside it.
@@ -307,12 +397,22 @@ def denoise_step(logits: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor | 
     cand = gumbel_argmax(logits, cfg.temperature, noise, gumbel_dtype, active)  # (B, T)
     if cfg.remasking == "low_confidence":
         conf = logits.float().softmax(-1).gather(-1, cand[..., None]).squeeze(-1)  # (B, T)
+        if eos_scale is not None:
+            conf = torch.where(cand == eos_scale[0], conf * eos_scale[1], conf)
     else:
         conf = uniform(noise, tuple(allowed.shape[1:]), active, torch.float32, allowed.device)  # (B, T)
     if k is None:
         k = parallel_count(conf, allowed, cfg)
     conf = conf.masked_fill(~allowed, float("-inf"))
     return cand, top_k_per_row(conf, k) & allowed
+
+
+def eos_scale_at(cfg: SamplerConfig, eos_id: int | None, step: int) -> tuple[int, float] | None:
+    """:func:`denoise_step`'s ``eos_scale`` at global step ``step``: None unless EOSER is on."""
+    if not cfg.eoser:
+        return None
+    assert eos_id is not None, "EOSER needs the EOS id"
+    return eos_id, eos_factor(cfg, step)
 
 
 def rows_ended(x: torch.Tensor, start: int, end: int, eos_id: int, mask_id: int) -> torch.Tensor:
@@ -377,8 +477,8 @@ def generate(
     B, P = prompt_ids.shape
     device = prompt_ids.device
     L, bl = cfg.gen_length, cfg.block_length
-    if cfg.stop_after_eos and eos_id is None:
-        raise ValueError("sampler.stop_after_eos needs the EOS id")
+    if (cfg.stop_after_eos or cfg.eoser) and eos_id is None:
+        raise ValueError("sampler.stop_after_eos and EOSER need the EOS id")
     x = torch.cat([prompt_ids, start_canvas(canvas, B, L, mask_id, prompt_ids)], 1)  # (B, T)
     attn = None
     if prompt_mask is not None and not bool(prompt_mask.all()):
@@ -413,7 +513,8 @@ def generate(
                 break
             off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R, the block inside
             blk = logits[:, start - off:end - off]  # (B, bl, V): candidates, confidences and noise only here
-            cand, commit = denoise_step(blk, (x[:, start:end] == mask_id) & live[:, None], k, cfg, noise, gdtype)
+            cand, commit = denoise_step(blk, (x[:, start:end] == mask_id) & live[:, None], k, cfg, noise, gdtype,
+                                        eos_scale_at(cfg, eos_id, step))
             stats.add(blk, commit, cand, start)
             if recorder is not None:
                 recorder.on_step(step, x.clone(), *source.widen(x, logits, off, start, cand, commit))

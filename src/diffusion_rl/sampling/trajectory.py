@@ -241,12 +241,19 @@ class TrajectoryRecorder:
 
         steps: (B, K) long in ``[0, T)`` -> states (B*K, P+L), committed (B*K, P+L) bool
         """
-        assert self.final is not None and self.commit_step is not None
         B, K = steps.shape
-        cs = self.commit_step.long().repeat_interleave(K, 0)  # (B*K, P+L)
-        s = steps.reshape(-1, 1)  # (B*K, 1)
-        states = self.final.repeat_interleave(K, 0).masked_fill(cs >= s, self.mask_id)
-        return states, cs == s
+        rows = torch.arange(B, device=steps.device).repeat_interleave(K)  # (B*K,)
+        return self.transitions(rows, steps.reshape(-1))
+
+    def transitions(self, rows: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state before, and the positions committed at, step ``steps[m]`` of sample ``rows[m]``.
+
+        rows, steps: (M,) long, steps in ``[0, T)`` -> states (M, P+L), committed (M, P+L) bool
+        """
+        assert self.final is not None and self.commit_step is not None
+        cs = self.commit_step.long()[rows]  # (M, P+L)
+        s = steps[:, None]  # (M, 1)
+        return self.final[rows].masked_fill(cs >= s, self.mask_id), cs == s
 
     def last_step_where(self, positions: torch.Tensor) -> torch.Tensor:
         """(B,) last step that committed any of ``positions`` ((B, P+L) bool); -1 where none did."""
