@@ -458,5 +458,5 @@ def test_public_regime_and_the_testbed(tmp_path):
     public = compose_cfg(["objective=mdpo", "~testbed"], tmp_path)
     assert public.optim.lr == pytest.approx(7e-7) and list(public.optim.betas) == [0.9, 0.999]
     assert public.objective.beta == pytest.approx(0.02) and public.advantage.name == "mdpo"
-    assert compose_cfg(["objective=mdpo"], tmp_path).optim.lr == pytest.approx(3e-5)  # conf/testbed/tiny_mdpo.yaml
+    assert compose_cfg(["objective=mdpo"], tmp_path).optim.lr == pytest.approx(3e-4)  # conf/testbed/tiny_mdpo.yaml
     assert compose_cfg(["objective=mdpo", "optim.lr=5e-5"], tmp_path).optim.lr == pytest.approx(5e-5)
