@@ -307,6 +307,10 @@ def test_values_are_the_rewards_of_every_steps_prediction_and_the_steps_chosen_b
     loss, metrics = obj.loss(ctx)
     assert torch.isfinite(loss) and metrics["ratio/log_max"].item() == 0  # theta = theta_old
     assert metrics["mdpo/adv_abs_selected"].item() >= metrics["mdpo/adv_abs_mean"].item()
+    obj.cfg.ratio_diagnostic = False  # no behaviour-policy values at all: the same loss
+    assert not obj.needs_old_values()
+    plain, plain_metrics = obj.loss(StepContext(ro, 0, 0, f, None, None))
+    assert plain.item() == loss.item() and "ratio/log_max" not in plain_metrics
 
 
 # ======================================================================= 3. the recorded predictions
@@ -454,4 +458,5 @@ def test_public_regime_and_the_testbed(tmp_path):
     public = compose_cfg(["objective=mdpo", "~testbed"], tmp_path)
     assert public.optim.lr == pytest.approx(7e-7) and list(public.optim.betas) == [0.9, 0.999]
     assert public.objective.beta == pytest.approx(0.02) and public.advantage.name == "mdpo"
+    assert compose_cfg(["objective=mdpo"], tmp_path).optim.lr == pytest.approx(3e-4)  # conf/testbed/tiny_mdpo.yaml
     assert compose_cfg(["objective=mdpo", "optim.lr=5e-5"], tmp_path).optim.lr == pytest.approx(5e-5)

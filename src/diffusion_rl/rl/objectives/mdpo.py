@@ -63,9 +63,9 @@ Deviations from the public code:
 - ``eps``: the logits are fp32 here, so ``tau + 1.2e-7``; the public bf16 run divides by
   ``tau + 2^-7`` (0.4078 for 0.4).
 - Trained positions: every completion position masked in ``x_t``, tokens after the prediction's EOS
-  included, as the public loss; with ``task.loss_mask=reward`` only those the reward reads (and
-  ``L``, ``|M_t|`` count them). Ties in ``|A|`` go to the earlier step (``torch.topk`` leaves their
-  order open). The reference policy is the warm start (the public reference is the initial model).
+  included, as the public loss; with ``task.loss_mask=reward`` only those the reward reads (``|M_t|``
+  counts them, ``L`` stays the completion width). Ties in ``|A|`` go to the earlier step
+  (``torch.topk`` leaves their order open). The reference policy is the warm start (the public reference is the initial model).
 - Masked-diffusion models only: a block model's sampler computes no logits outside its current
   block, where most of the prediction lies (refused at start-up).
 - ``ratio/*`` (``ratio_diagnostic``, default on) is a diagnostic the loss does not use: the
