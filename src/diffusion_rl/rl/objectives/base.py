@@ -6,6 +6,8 @@ An objective turns one rollout batch into a scalar loss for one inner update, in
 1. :meth:`Objective.score` asks the likelihood estimator for ``log pi`` *units* of the rollout's
    samples under one policy: ``(n, U)`` with a mask of the units that count (``U`` = completion
    tokens for d1's one-step estimator, 1 for a sequence ELBO, the selected denoising steps for EGSPO);
+   a per-token objective returns :meth:`Objective.token_logp`, which scores the rollout on this
+   iteration's masks for each policy, on the tokens the reward reads and never on a task's pinned ones;
 2. the objective's **policy loss**, a pure function of tensors with one signature for every objective::
 
        loss_fn(logp, old_logp, advantages, mask, cfg, *, group_size, surrogate=None) -> (loss, metrics)
@@ -208,7 +210,8 @@ def as_units(advantages: torch.Tensor) -> torch.Tensor:
 # ---- the objective ----------------------------------------------------------------------
 class Objective(ABC):
     """Subclasses register with ``@OBJECTIVES.register(name)``, set ``config_class`` and
-    ``policy_loss`` (their pure loss function) and implement :meth:`score`."""
+    ``policy_loss`` (their pure loss function) and implement :meth:`score` (per token:
+    :meth:`token_logp`)."""
 
     config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
     policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
@@ -264,6 +267,26 @@ class Objective(ABC):
         ``role`` is ``"policy"`` (with gradients), ``"old"`` (the behaviour policy) or ``"ref"``
         (the reference), so an objective can pick each one's Monte Carlo masks and caches.
         """
+
+    def token_logp(self, ctx: StepContext, forward: Forward, role: str, kl_tokens: str = "completion") -> Scores:
+        """The likelihood estimator's units of the rollout under ``forward`` for this inner update, scored
+        as every per-token objective scores them: this iteration's masks for ``role``
+        (:meth:`mask_seeds`, so ``share_masks_with_old`` holds), the policy gradient on
+        ``Rollout.scored_mask`` and the task's pinned tokens shown as context, never scored. A per-token
+        estimator gives (n, L) with the KL anchor on ``kl_tokens``: ``completion`` (every token up to
+        EOS) or ``ignored`` (only those the reward ignores, with ``task.loss_mask=reward``), pinned
+        tokens left out; a sequence estimator (ELBO) gives one unit per sequence, (n, 1)."""
+        ro = ctx.rollout
+        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask,
+                               self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L) or (n,)
+        if logp.dim() == 1:  # a sequence-level estimator (ELBO): one unit per sequence
+            return Scores(logp[:, None], torch.ones_like(logp)[:, None])
+        kl_mask = ro.completion_mask
+        if kl_tokens == "ignored" and ro.loss_mask is not None:
+            kl_mask = ro.completion_mask * (1 - ro.loss_mask)
+        if ro.pinned is not None:  # a pinned token is context, not the policy's
+            kl_mask = kl_mask * (~ro.pinned).to(kl_mask.dtype)
+        return Scores(logp, ro.scored_mask, kl_logp=logp, kl_mask=kl_mask)
 
     def mask_seeds(self, ctx: StepContext, role: str) -> list[int]:
         """Mask seeds of this inner iteration for ``role``: the old policy's, or the new (and the

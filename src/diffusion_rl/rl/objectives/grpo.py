@@ -116,16 +116,5 @@ class GRPO(Objective):
             raise ConfigError("advantage.name", name, "needs a per-token likelihood (likelihood=one_step)")
 
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
-        ro = ctx.rollout
-        seeds = self.mask_seeds(ctx, role)
-        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask, seeds,
-                               pinned=ro.pinned)
-        if logp.dim() == 1:  # a sequence-level estimator (ELBO): one unit per sequence
-            return Scores(logp[:, None], torch.ones_like(logp)[:, None])
         # the policy gradient acts on the tokens the reward reads; the KL anchor on kl_tokens
-        kl_mask = ro.completion_mask
-        if self.cfg.kl_tokens == "ignored" and ro.loss_mask is not None:
-            kl_mask = ro.completion_mask * (1 - ro.loss_mask)
-        if ro.pinned is not None:  # a pinned token is context, not the policy's
-            kl_mask = kl_mask * (~ro.pinned).to(kl_mask.dtype)
-        return Scores(logp, ro.scored_mask, kl_logp=logp, kl_mask=kl_mask)
+        return self.token_logp(ctx, forward, role, kl_tokens=self.cfg.kl_tokens)
