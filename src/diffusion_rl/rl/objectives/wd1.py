@@ -40,7 +40,7 @@ Deviations from the public code:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -123,9 +123,6 @@ class WD1(Objective):
         return self.cfg.ratio_diagnostic
 
     def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
-        ro = ctx.rollout
-        seeds = self.mask_seeds(ctx, role)
-        logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask, seeds,
-                               pinned=ro.pinned)
-        # the weighted likelihood sums the tokens the reward reads; the KL anchor covers the whole completion
-        return Scores(logp, ro.scored_mask, kl_logp=logp, kl_mask=ro.completion_mask)
+        # the weighted likelihood sums the tokens the reward reads; the KL anchor covers the whole
+        # completion, pinned tokens included (GRPO's leaves them out)
+        return replace(self.token_logp(ctx, forward, role), kl_mask=ctx.rollout.completion_mask)
