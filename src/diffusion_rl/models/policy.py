@@ -180,6 +180,11 @@ def check_cache_support(net: nn.Module, cache: str) -> None:
                           "a block model's sampler already caches finished blocks exactly: use sampler.cache=none")
 
 
+# what the sampler, the estimators and the objectives call: a PolicyForward or any callable
+# (ids, attention_mask[, position_ids][, keep]) -> logits (B, T, V)
+Forward = Callable[..., torch.Tensor]
+
+
 class PolicyForward:
     """A network as the sampler and the likelihood estimators call it (fp32 outputs).
 

@@ -56,7 +56,7 @@ options of ``decode=fixed`` that any objective may use:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -64,10 +64,10 @@ import torch
 from torch import nn
 
 from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.models.policy import Forward
 from diffusion_rl.sampling.cache import step_logits
 from diffusion_rl.sampling.noise import RowNoise, uniform
 
-Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (ids, attn) -> logits
 DECODES = ("fixed", "threshold", "factor")
 CACHES = ("none", "prefix", "dual")
 SCHEDULES = ("even", "ass")
@@ -558,7 +558,7 @@ def logits_at(forward: Forward, ids: torch.Tensor, attn: torch.Tensor | None, ke
     if keep is None:
         return forward(ids, attn)
     if hasattr(forward, "token_logps"):  # a PolicyForward: its head runs at ``keep`` only
-        return forward(ids, attn, keep=keep)  # type: ignore[call-arg]
+        return forward(ids, attn, keep=keep)
     return forward(ids, attn)[:, keep]
 
 

@@ -45,6 +45,7 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.registry import Registry
 from diffusion_rl.likelihood.base import mask_seeds
+from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.behaviour import (
     BEHAVIOUR_CORRECTIONS,
@@ -56,7 +57,6 @@ from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
 
-Forward = Callable[..., torch.Tensor]  # (ids, attention_mask[, position_ids]) -> logits (B, T, V)
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "group-token-mean")
 _FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share_masks_with_old=false)
 
