@@ -44,6 +44,21 @@ def tiny_bundle():
     return build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
 
 
+@pytest.fixture
+def block_bundle():
+    """A tiny block diffusion model (block size ``tests.helpers.blocks.BS``), in eval mode."""
+    import torch
+
+    from diffusion_rl.models.build import build_policy
+    from diffusion_rl.models.policy import ModelConfig
+    from tests.helpers.blocks import BS
+
+    torch.manual_seed(0)
+    b = build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2, block_size=BS))
+    b.net.eval()
+    return b
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One tiny training run shared by the tests that need a real run folder (checkpoints, eval,
