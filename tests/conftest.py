@@ -44,6 +44,29 @@ def tiny_bundle():
     return build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2))
 
 
+@pytest.fixture
+def block_bundle():
+    """A tiny block diffusion model (block size ``tests.helpers.blocks.BS``), in eval mode."""
+    import torch
+
+    from diffusion_rl.models.build import build_policy
+    from diffusion_rl.models.policy import ModelConfig
+    from tests.helpers.blocks import BS
+
+    torch.manual_seed(0)
+    b = build_policy(ModelConfig(d_model=32, n_layers=2, n_heads=2, block_size=BS))
+    b.net.eval()
+    return b
+
+
+@pytest.fixture(scope="module")
+def hf_path(tmp_path_factory) -> Path:
+    """A tiny Llama checkpoint and character tokenizer for ``model=hf`` (tests/helpers/tiny_hf.py)."""
+    from tests.helpers.tiny_hf import save_tiny_hf
+
+    return save_tiny_hf(tmp_path_factory.mktemp("tiny_llama"))
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One tiny training run shared by the tests that need a real run folder (checkpoints, eval,
@@ -58,3 +81,20 @@ def tiny_run(tmp_path_factory):
     (tmp / "run" / ".hydra").mkdir()  # what Hydra writes into a run folder, for src/report.py
     (tmp / "run" / ".hydra" / "overrides.yaml").write_text("- trainer.max_steps=5\n")
     return tmp / "run", summary
+
+
+@pytest.fixture
+def wandb_env(tmp_path, monkeypatch):
+    """Everything W&B writes goes under tmp; no API key anywhere."""
+    from diffusion_rl.training import loggers as loggers_mod
+
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "WANDB_ENTITY", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        (tmp_path / var.lower()).mkdir()
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    (tmp_path / "netrc").write_text("")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setattr(loggers_mod, "_said_offline", False)
+    return tmp_path

@@ -96,24 +96,58 @@ def test_no_private_name_crosses_a_package():
             assert not (private and top(target) != top(module)), f"{module}:{line} takes {private} from {target}"
 
 
-def test_the_import_graph_has_no_cycle():
-    """Edges between modules (a package's ``__init__`` importing its own modules does not count)."""
-    edges = {m: {t for t, _, _ in deps if t in GRAPH and not m.startswith(t + ".") and not t.startswith(m + ".")}
-             for m, deps in GRAPH.items()}
+def edges(graph: dict[str, list[tuple[str, list[str], int]]]) -> dict[str, set[str]]:
+    """Module -> the modules it imports. ``from pkg import mod`` names the module ``pkg.mod`` when there
+    is one (else ``pkg``); a package's ``__init__`` importing its own modules, or a module importing its
+    own package's ``__init__``, does not count."""
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        targets = set()
+        for t, names, _ in deps:
+            subs = {f"{t}.{n}" for n in names if f"{t}.{n}" in graph}
+            targets |= subs
+            if t in graph and (not names or len(subs) < len(names)):
+                targets.add(t)
+        out[m] = {t for t in targets if not m.startswith(t + ".") and not t.startswith(m + ".")}
+    return out
+
+
+def find_cycle(graph_edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or None."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
-    def visit(m, path):
+    def visit(m: str, path: list[str]) -> list[str] | None:
         state[m] = 1
-        for t in sorted(edges[m]):
+        for t in sorted(graph_edges[m]):
             if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join([*path, m, t]))
-            if t not in state:
-                visit(t, [*path, m])
+                return [*path[path.index(t):], m, t] if t in path else [m, t]
+            if t not in state and (found := visit(t, [*path, m])):
+                return found
         state[m] = 2
+        return None
 
-    for m in sorted(edges):
-        if m not in state:
-            visit(m, [])
+    for m in sorted(graph_edges):
+        if m not in state and (found := visit(m, [])):
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    cycle = find_cycle(edges(GRAPH))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_sees_a_lazy_import_back(tmp_path):
+    """The shape ``rewards/math500.py`` and ``rewards/verify_pool.py`` once had: one imports the other
+    at the top through its package, the other imports it back inside a function."""
+    (tmp_path / "a.py").write_text("from diffusion_rl.rewards import b\n")
+    (tmp_path / "b.py").write_text("def worker():\n    from diffusion_rl.rewards import a\n")
+    graph = {f"diffusion_rl.rewards.{n}": imports(tmp_path / f"{n}.py") for n in ("a", "b")}
+    graph["diffusion_rl.rewards"] = [("diffusion_rl.rewards.a", ["x"], 1)]  # the package re-exports a
+    assert find_cycle(edges(graph)) == ["diffusion_rl.rewards.a", "diffusion_rl.rewards.b", "diffusion_rl.rewards.a"]
+    (tmp_path / "b.py").write_text("def worker():\n    return 1\n")
+    graph["diffusion_rl.rewards.b"] = imports(tmp_path / "b.py")
+    assert find_cycle(edges(graph)) is None
 
 
 def test_the_checker_sees_a_violation(tmp_path):

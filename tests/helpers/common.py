@@ -1,4 +1,5 @@
-"""Config composition for tests: the real conf/ tree, shrunk to seconds on a CPU."""
+"""Config composition for tests (the real conf/ tree, shrunk to seconds on a CPU) and hand-made batches
+and rollouts."""
 
 from __future__ import annotations
 
@@ -47,3 +48,23 @@ def rollout_of(prompt, pmask, comp, cmask, rewards, advantages, group_size: int,
     n = comp.shape[0]
     return Rollout(rollout_id, group_size, prompt, pmask, comp, cmask, [""] * n, [{}] * n, rewards, rewards, {},
                    advantages, **kw)
+
+
+def make_batch(bundle, n=8, P=6, L=10, seed=0):
+    """Random prompts (left padding on row 0) and completions with an EOS in some rows, for ``bundle``'s
+    tokenizer -> prompt, prompt mask, completion, completion mask."""
+    import torch
+
+    from diffusion_rl.sampling.sampler import completion_mask
+
+    g = torch.Generator().manual_seed(seed)
+    V = bundle.tokenizer.vocab_size
+    lo = max(bundle.mask_token_id, bundle.eos_token_id, bundle.pad_token_id) + 1
+    prompt = torch.randint(lo, V, (n, P), generator=g)
+    pmask = torch.ones(n, P, dtype=torch.long)
+    pmask[0, :2] = 0
+    prompt[0, :2] = bundle.pad_token_id
+    comp = torch.randint(lo, V, (n, L), generator=g)
+    comp[1, 4] = bundle.eos_token_id  # rows 1 and 3 end early
+    comp[3, 7] = bundle.eos_token_id
+    return prompt, pmask, comp, completion_mask(comp, bundle.eos_token_id)

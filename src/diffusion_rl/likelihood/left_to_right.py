@@ -13,7 +13,7 @@ visible in every input and are never scored, as the sampler never draws them.
 
 No single forward gives every position's conditional: the inputs differ for each ``t``, and in a
 bidirectional model the logits at ``t`` depend on whether the tokens after it are masked
-(``tests/unit/rl/test_justgrpo.py`` shows the tiny model's do). A completion of ``L`` scored tokens costs
+(``tests/unit/likelihood/test_left_to_right.py`` shows the tiny model's do). A completion of ``L`` scored tokens costs
 ``L`` rows; the rows of a batch go through the model as one batch, or ``rows_per_forward`` at a time,
 each chunk under activation checkpointing so that a backward holds one chunk's activations at a time
 (the public code backpropagates position by position for the same reason).

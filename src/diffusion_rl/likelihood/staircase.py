@@ -14,7 +14,7 @@ both copies with the same position ids) and the mask of :func:`staircase_mask` g
 term in one forward, with no leakage: clean queries see clean keys of their own and earlier blocks;
 noisy queries see clean keys of earlier blocks and noisy keys of their own block. ``one_pass=false``
 runs the naive reference instead (one forward of ``[prompt, clean blocks < b, noisy block b]`` per
-block, on the model's own block-causal attention); tests/unit/sampling/test_block.py checks the two agree and
+block, on the model's own block-causal attention); tests/unit/likelihood/test_staircase.py checks the two agree and
 ``benchmarks/block.py`` times them.
 
 Masking follows ``elbo.py`` (its helpers, its options where they apply):

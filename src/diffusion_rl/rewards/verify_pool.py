@@ -22,9 +22,10 @@ busy; the slowest correct check took well under a second there (docs/scoring.md,
 5 s leaves a wide margin for slower machines while bounding what one pathological completion costs:
 at most ``timeout_s + KILL_GRACE_S`` of one worker, once per distinct string.
 
-Workers are fresh interpreters (``python -c``, never ``fork``: the trainer holds CUDA and threads; not
-``multiprocessing``'s spawn either, which re-imports the caller's main script), started on first use;
-each imports math-verify and warms sympy up before it takes work (~2-3 s once per process).
+Workers are fresh interpreters (``python -m diffusion_rl.rewards.verify_worker``, never ``fork``: the
+trainer holds CUDA and threads; not ``multiprocessing``'s spawn either, which re-imports the caller's main
+script), started on first use; each imports math-verify and warms sympy up before it takes work (~2-3 s
+once per process).
 """
 
 from __future__ import annotations
@@ -53,28 +54,9 @@ CACHE_SIZE = 16384  # verdicts; predictions and golds are at most 2000 character
 GOLD_CACHE_SIZE = 4096  # parsed golds kept by each worker
 
 
-# ---- the worker process -------------------------------------------------------------------------
-_WORKER = "import sys; from diffusion_rl.rewards.verify_pool import worker_main; worker_main(int(sys.argv[1]))"
+# The worker's entry point lives in its own module (it needs math500, which needs this one).
+_WORKER_MODULE = "diffusion_rl.rewards.verify_worker"
 _SRC = str(Path(__file__).resolve().parents[2])  # the folder holding the diffusion_rl package
-
-
-def worker_main(fd: int) -> None:
-    """Parse golds and verify predictions sent by the parent, one message per finished step."""
-    from diffusion_rl.rewards import math500
-
-    conn = Connection(fd)
-    math500.warm_up()
-    conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        gold, preds, timeout_s = msg
-        ok = math500.parse_gold_cached(gold, timeout_s)
-        conn.send(("gold", ok))
-        for pred in preds:
-            conn.send(("pred", ok and math500.verify_parsed(pred, gold, timeout_s)))
 
 
 # ---- the parent side ----------------------------------------------------------------------------
@@ -109,7 +91,7 @@ class VerifyPool:
     def _spawn(self) -> _Worker:
         parent, child = socket.socketpair()
         path = os.pathsep.join([_SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-        proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(child.fileno())],
+        proc = subprocess.Popen([sys.executable, "-m", _WORKER_MODULE, str(child.fileno())],
                                 pass_fds=(child.fileno(),), env={**os.environ, "PYTHONPATH": path},
                                 stdin=subprocess.DEVNULL)
         child.close()

@@ -26,7 +26,7 @@ from diffusion_rl.models.policy import ModelConfig, PolicyBundle, encode_prompts
 from diffusion_rl.sampling import RowNoise, SamplerConfig
 from diffusion_rl.sampling.block import policy_generate
 from tests.helpers.released_layouts import BLOCK_SIZE, write_checkpoint
-from tests.unit.models.test_hf import save_tiny_hf
+from tests.helpers.tiny_hf import save_tiny_hf
 
 FAMILIES = ["tiny", "tiny_block", "llada", "dream", "sdar", "hf"]
 

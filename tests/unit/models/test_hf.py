@@ -1,4 +1,5 @@
-"""Hugging Face backend, LoRA, the cached old policy and data parallelism, on tiny models and CPUs.
+"""Hugging Face backend, LoRA, the old policy's modes and strategies, on tiny models and CPUs. Whole runs
+(RL steps, the cached old policy against a copy, DDP): tests/e2e/test_hf.py.
 
 A tiny randomly initialised Llama (made bidirectional by the wrapper's 4D mask) and a character
 tokenizer with a mask token are saved to a temporary folder and loaded through ``model=hf
@@ -7,92 +8,18 @@ model.path=...``: the code path a real checkpoint takes. Nothing is downloaded.
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from diffusion_rl.app.train import build, train
+from diffusion_rl.app.train import build
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig
-from tests.helpers.common import CONF, compose_cfg
-
-ROOT = CONF.parent
-HAS_PEFT = importlib.util.find_spec("peft") is not None
-needs_peft = pytest.mark.skipif(not HAS_PEFT, reason="LoRA needs peft (the [hf] extra)")
-
-
-def save_tiny_hf(path: Path) -> Path:
-    """A 2-layer Llama (d=32) and a character tokenizer with pad / mask / EOS tokens, in ``path``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from diffusion_rl.models.tokenizer import BOS, CHARS, EOS, MASK, PAD, SPECIALS, UNK
-
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    # one token per character, newlines included
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        pad_token=PAD,
-        mask_token=MASK,
-        eos_token=EOS,
-        bos_token=BOS,
-        unk_token=UNK,
-        padding_side="left",
-    )
-    tok.save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        pad_token_id=vocab[PAD],
-        eos_token_id=vocab[EOS],
-        bos_token_id=vocab[BOS],
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def hf_path(tmp_path_factory) -> Path:
-    return save_tiny_hf(tmp_path_factory.mktemp("tiny_llama"))
-
-
-# two prompts x 4 samples, no warm start or evaluation: only the RL steps
-SMALL = [
-    "task.num_train=64",
-    "task.num_test=8",
-    "task.prompts_per_batch=2",
-    "task.group_size=4",
-    "warmstart.enabled=false",
-    "eval.before=false",
-    "eval.after=false",
-    "sampler.steps=4",
-    "trainer.enable_progress_bar=false",
-    "trainer.checkpoint_every_n_steps=0",
-    "diagnostics.samples_every_n_steps=0",
-]
-
-
-def _losses(run_dir: Path) -> list[float]:
-    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
-    return [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+from tests.helpers.common import compose_cfg
+from tests.helpers.tiny_hf import HAS_PEFT, SMALL, needs_peft
 
 
 # ---- loading -----------------------------------------------------------------------------------
@@ -274,48 +201,7 @@ def test_named_model_configs_validate(tmp_path):
     assert not pattern.fullmatch("model.model.transformer.ff_out")  # the output head stays frozen
 
 
-# ---- RL steps through model=hf -----------------------------------------------------------------
-@pytest.mark.parametrize("lora", [0, pytest.param(8, marks=needs_peft)])
-def test_two_rl_steps_through_model_hf(tmp_path, hf_path, lora, monkeypatch):
-    cfg = compose_cfg(
-        [
-            "model=hf",
-            f"model.path={hf_path}",
-            f"model.lora_r={lora}",
-            "objective.mu=2",
-            "trainer.max_steps=2",
-            "model.gradient_checkpointing=true",
-        ]
-        + SMALL,
-        tmp_path,
-        tiny=False,
-    )
-    import diffusion_rl.app.train as train_mod
-
-    captured = {}
-    real = train_mod.DiffusionRLModule
-
-    def spy(*args, **kwargs):
-        m = real(*args, **kwargs)
-        captured["m"] = m
-        captured["start"] = {k: v.clone() for k, v in m.policy.state_dict().items()}
-        return m
-
-    monkeypatch.setattr(train_mod, "DiffusionRLModule", spy)
-    summary = train(cfg, tmp_path / "run")
-    assert summary["optimizer_steps"] == 2
-    losses = _losses(tmp_path / "run")
-    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
-    m = captured["m"]
-    changed = {
-        k for k, v in m.policy.state_dict().items() if not torch.equal(captured["start"][k], v)
-    }
-    assert changed, "no parameter changed"
-    if lora:
-        assert all("lora_" in k for k in changed)  # only the adapters train
-        assert sum(p.numel() for p in m.policy.parameters() if p.requires_grad) < 20_000
-    else:
-        assert any("lora_" not in k for k in changed)
+# ---- LoRA's reference ------------------------------------------------------------------------------
 
 
 @needs_peft
@@ -345,26 +231,6 @@ def test_lora_reference_is_the_base_model_without_a_copy(tmp_path, hf_path):
 
 
 # ---- old_policy=copy vs cached -------------------------------------------------------------------
-@pytest.mark.parametrize("objective", ["grpo", "stabledrl", "egspo"])
-def test_cached_old_policy_gives_the_same_losses_as_a_copy(tmp_path, objective):
-    base = [
-        f"objective={objective}",
-        "objective.mu=2",
-        "trainer.max_steps=4",
-        "warmstart.steps=2",
-        "eval.before=false",
-        "eval.after=false",
-        "trainer.checkpoint_every_n_steps=0",
-        "diagnostics.samples_every_n_steps=0",
-    ]
-    losses = {}
-    for mode in ("copy", "cached"):
-        cfg = compose_cfg(base + [f"old_policy={mode}"], tmp_path / mode)
-        train(cfg, tmp_path / mode / "run")
-        losses[mode] = _losses(tmp_path / mode / "run")
-    assert len(losses["copy"]) == 4
-    assert losses["copy"] == losses["cached"]  # bit for bit: same weights, same seeds
-    assert any(v != 0 for v in losses["copy"])
 
 
 def test_old_policy_value_is_checked(tmp_path):
@@ -421,59 +287,3 @@ def test_rollout_batch_size_and_processes_change_no_sample(tmp_path):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[3])
     assert torch.equal(outs[0], torch.cat([gen(m, ids[:4], 0), gen(m, ids[4:], 4)]))  # a second process's rows
     assert not torch.equal(outs[0], gen(m, ids, 1))  # the global row keys the noise
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("objective", ["stabledrl", "grpo"])
-def test_two_process_ddp_equals_one_process(tmp_path, objective):
-    """3 prompts x 4 samples = 12 rows, 6 per process: the second group spans both processes."""
-    common = [
-        f"objective={objective}",
-        "objective.mu=2",
-        "trainer.max_steps=4",
-        "task.prompts_per_batch=3",
-        "task.group_size=4",
-        "warmstart.steps=2",
-        "eval.before=false",
-        "eval.after=false",
-        "trainer.checkpoint_every_n_steps=0",
-        "diagnostics.samples_every_n_steps=0",
-        "model.d_model=32",
-        "model.n_layers=2",
-        "model.n_heads=2",
-        "task.num_train=64",
-        "task.num_test=8",
-        "warmstart.batch_size=8",
-        "warmstart.cache=false",
-        "sampler.steps=4",
-        "trainer.enable_progress_bar=false",
-        f"paths.cache_dir={tmp_path / 'cache'}",
-    ]
-    one = tmp_path / "one"
-    train(compose_cfg(common, tmp_path, tiny=False), one)
-    two = tmp_path / "two"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "PYTHONPATH": str(ROOT / "src"),
-    }
-    cmd = [
-        sys.executable,
-        str(ROOT / "src" / "train.py"),
-        "trainer=ddp",
-        "trainer.devices=2",
-        "trainer.accelerator=cpu",
-        *common,
-        f"hydra.run.dir={two}",
-    ]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = _losses(one), _losses(two)
-    assert len(a) == len(b) == 4
-    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-4, atol=1e-6)
-    rows = list(csv.DictReader(open(two / "metrics.csv")))
-    one_rows = list(csv.DictReader(open(one / "metrics.csv")))
-    key = "train/reward"
-    assert [r[key] for r in rows if r.get(key)] == [r[key] for r in one_rows if r.get(key)]

@@ -1,5 +1,6 @@
 """Behaviour correction for approximate rollouts (rl/objectives/behaviour.py and the shared loss template):
-TIS weights and mismatch metrics hand-checked, the sampler's log-probs in each estimator's units."""
+TIS weights and mismatch metrics hand-checked. The sampler's log-probs in each estimator's units are
+tested in tests/unit/likelihood/test_base.py."""
 
 import math
 
@@ -10,7 +11,6 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator
 from diffusion_rl.likelihood.one_step import OneStepEstimator
-from diffusion_rl.likelihood.staircase import StaircaseConfig, StaircaseEstimator
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives.base import StepContext
 from diffusion_rl.rl.objectives.behaviour import mismatch_metrics, tis_weights
@@ -29,20 +29,6 @@ def test_tis_weights_hand_computed():
     assert m["rollout/mismatch_log_ratio_std"].item() == pytest.approx(vals.std().item(), abs=1e-6)
     assert m["tis/weight_mean"].item() == pytest.approx((1.0 + 0.5 + 2.0) / 3, abs=1e-6)
     assert m["tis/clip_frac"].item() == pytest.approx(1 / 3)
-
-
-def test_sampler_log_probs_in_each_estimators_units():
-    logp = torch.tensor([[-1.0, -2.0, -3.0, -4.0], [-0.5, -0.5, -1.0, 0.0]])
-    cmask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])  # row 1 ends at token 1
-    assert torch.equal(OneStepEstimator(LikelihoodConfig(), 1).sampler_units(logp, cmask), logp)  # per token
-    mean = ELBOEstimator(ELBOConfig(weighting="mean"), 1).sampler_units(logp, cmask)
-    assert mean.tolist() == pytest.approx([-2.5, -0.5])  # mean over the scored tokens
-    summed = ELBOEstimator(ELBOConfig(weighting="inverse_t", t_min=0.001), 1).sampler_units(logp, cmask)
-    assert summed.tolist() == pytest.approx([-10.0, -1.0])  # the sum: 1/t at t = 1
-    after = ELBOEstimator(ELBOConfig(weighting="inverse_t", t_min=0.001, score_after_eos=True), 1).sampler_units(logp, cmask)
-    assert after.tolist() == pytest.approx([-10.0, -2.0])
-    stair = StaircaseEstimator(StaircaseConfig(weighting="mean"), 1, block_size=2).sampler_units(logp, cmask)
-    assert stair.tolist() == pytest.approx([-1.5 - 3.5, -0.5])  # sum over blocks of each block's mean
 
 
 def _ctx(bundle, ro):

@@ -1,21 +1,18 @@
-"""Coupled-GRPO and its complementary-mask estimator: parity with a transcription of DiffuCoder's loss
-(apple/ml-diffucoder @ f735e01, ``src/open_r1/coupled_grpo.py``) on random tensors and on a tiny model's
-rollouts, hand-checked invariants, configs."""
+"""Coupled-GRPO: parity with a transcription of DiffuCoder's loss (apple/ml-diffucoder @ f735e01,
+``src/open_r1/coupled_grpo.py``) on random tensors and on a tiny model's rollouts, hand-checked
+invariants, configs. Its complementary-mask estimator is tested in tests/unit/likelihood/test_complementary.py."""
 
 import copy
 from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from diffusion_rl.app.train import build
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.complementary import (
     ComplementaryConfig,
     ComplementaryEstimator,
-    coupled_token_logps,
 )
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives.base import Scores, StepContext
@@ -26,83 +23,12 @@ from diffusion_rl.rl.objectives.coupled_grpo import (
 )
 from diffusion_rl.rl.rollout import RolloutEngine
 from tests.helpers.common import compose_cfg, rollout_of
-
-V, MASK = 12, 11  # the random-tensor model's vocabulary; tokens 0..10, mask 11
-
-
-class ContextModel(torch.nn.Module):
-    """A random bidirectional "model" for the random-tensor parity: the logits at a position depend on
-    its token, its position and the mean of every token's embedding, so masking any token changes them."""
-
-    def __init__(self, T: int, seed: int = 0):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.tok = torch.nn.Parameter(torch.randn(V, V, generator=g))
-        self.pos = torch.nn.Parameter(torch.randn(T, V, generator=g))
-        self.ctx = torch.nn.Parameter(torch.randn(V, V, generator=g))
-
-    def forward(self, ids, attn=None, position_ids=None):  # the project's forward signature
-        return self.tok[ids] + self.pos[: ids.shape[1]] + self.ctx[ids].mean(1, keepdim=True)  # (B, T, V)
-
-
-def random_batch(B=6, P=4, L=7, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, MASK, (B, P), generator=g)
-    comp = torch.randint(0, MASK, (B, L), generator=g)
-    cmask = torch.ones(B, L)
-    cmask[1, 3:] = 0  # a row that ended early
-    cmask[B - 2, 5:] = 0
-    return prompt, torch.ones(B, P, dtype=torch.long), comp, cmask
-
+from tests.helpers.random_model import MASK, ContextModel, random_batch
+from tests.unit.likelihood.test_complementary import drawn_inputs, ref_per_token_logps
 
 # ---------------------------------------------------------------- the transcription (reference)
-# DiffuCoder's computation written out afresh: forward_process with its random draws passed in
-# (mask_ratio, random_matrix), selective_log_softmax for one iteration, compute_loss. Shapes as there.
-
-
-def ref_forward_process(batch, prompt_index, mask_id, mask_ratio, random_matrix):
-    b = batch.shape[0]
-    noisy_batch = []
-    t_p = torch.ones(b) * mask_ratio
-    is_mask = ~prompt_index
-    noisy_batch.append(torch.where(is_mask, mask_id, batch))
-    is_mask = ~prompt_index & (random_matrix < t_p.unsqueeze(1))
-    completion_mask = is_mask
-    noisy_batch.append(torch.where(is_mask, mask_id, batch))
-    is_mask = ~prompt_index & (random_matrix > t_p.unsqueeze(1))
-    noisy_batch.append(torch.where(is_mask, mask_id, batch))
-    return noisy_batch, [1, 1 / mask_ratio, 1 / (1 - mask_ratio)], completion_mask
-
-
-def ref_selective_log_softmax(logits, index, weights, mask):
-    full_batch_size = logits.size(0) // 3
-    num_iterations = weights.size(0) // 3
-    batch_size = full_batch_size // num_iterations
-    out = []
-    for i in range(full_batch_size):
-        seq_labels = index[i]
-        chunk, offset = divmod(i, batch_size)
-        base = chunk * 3 * batch_size
-        rows = torch.tensor([base + offset, base + batch_size + offset, base + 2 * batch_size + offset])
-        seq_logps = F.log_softmax(logits[rows], dim=-1)
-        per_tok = seq_logps.gather(dim=-1, index=seq_labels.unsqueeze(0).unsqueeze(-1).expand(3, -1, 1)).squeeze(-1)
-        w = weights[(i // batch_size) * 3:(i // batch_size + 1) * 3]
-        weighted = torch.where(mask[i], per_tok[1] * w[1], per_tok[2] * w[2])
-        out.append((per_tok[0] + weighted) / 2)
-    return torch.stack(out)
-
-
-def ref_per_token_logps(model, input_ids, logits_to_keep, mask_ratio, random_matrix, mask_id):
-    """``_get_per_token_logps`` for one iteration: (B, T) -> (B, L)."""
-    seq_len = input_ids.shape[1]
-    prompt_index = torch.zeros(seq_len, dtype=torch.bool)
-    prompt_index[: seq_len - logits_to_keep] = True
-    noisy, weights, completion_mask = ref_forward_process(input_ids, prompt_index, mask_id, mask_ratio, random_matrix)
-    logits = model(torch.cat(noisy, dim=0))
-    completion_logits = logits[:, -logits_to_keep:, :]
-    targets = input_ids[:, -logits_to_keep:]
-    loss_mask = completion_mask[:, -logits_to_keep:]
-    return ref_selective_log_softmax(completion_logits, targets, torch.tensor(weights), loss_mask)
+# DiffuCoder's compute_loss written out afresh, shapes as there (its forward_process and per-token
+# log-probs are transcribed beside the estimator's tests: tests/unit/likelihood/test_complementary.py).
 
 
 def ref_compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
@@ -120,29 +46,7 @@ def ref_compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, 
     return (per_token_loss[:, 0, :] * completion_mask).sum() / completion_mask.sum().clamp(min=1.0)
 
 
-def drawn_inputs(est, seeds, prompt_mask, L):
-    """Our draw, handed to the transcription: its mask_ratio (one per batch) and random_matrix."""
-    d = est.draw(seeds, prompt_mask, L)
-    assert bool((d.t == d.t[0]).all())  # t_per=batch: one t for the whole batch, as the public code
-    rm = torch.cat([torch.full_like(prompt_mask, 0.5, dtype=torch.float), d.u], 1)  # the prompt part is unused
-    return float(d.t[0]), rm
-
-
 # ---------------------------------------------------------------- parity
-
-
-def test_estimator_matches_the_transcription_on_a_random_model():
-    prompt, pmask, comp, cmask = random_batch()
-    model = ContextModel(prompt.shape[1] + comp.shape[1])
-    est = ComplementaryEstimator(ComplementaryConfig(), MASK)
-    seeds = mask_seeds(5, 3, comp.shape[0], 1)
-    ours = est(model, prompt, pmask, comp, cmask, seeds)
-    t, rm = drawn_inputs(est, seeds, pmask, comp.shape[1])
-    ref = ref_per_token_logps(lambda ids: model(ids), torch.cat([prompt, comp], 1), comp.shape[1], t, rm, MASK)
-    assert torch.allclose(ours, ref, atol=1e-6, rtol=1e-6)  # float32 rounding of values up to ~15 nats
-    g_ours = torch.autograd.grad(ours.sum(), list(model.parameters()))
-    g_ref = torch.autograd.grad(ref.sum(), list(model.parameters()))
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_ours, g_ref))
 
 
 def test_loss_matches_the_transcription_on_random_tensors():
@@ -216,87 +120,6 @@ def test_objective_matches_the_transcription_on_a_tiny_models_rollout(real):
         assert ours.item() == pytest.approx(expected.item(), abs=1e-6), it
         assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_ours, g_ref)), it
         assert m["train/kl"].item() > 0 and m["ratio/log_std"].item() > 0
-
-
-# ---------------------------------------------------------------- the estimator
-
-
-def test_coupled_token_logps_hand_computed():
-    full = torch.tensor([[-1.0, -2.0, -3.0]])
-    half_lp = torch.tensor([[-0.5, 0.0, -1.5]])  # read where half
-    comp_lp = torch.tensor([[0.0, -4.0, 0.0]])  # read elsewhere
-    half = torch.tensor([[True, False, True]])
-    t = torch.tensor([0.25])
-    out = coupled_token_logps(full, half_lp, comp_lp, half, t)
-    expected = torch.tensor([[(-1 - 0.5 / 0.25) / 2, (-2 - 4 / 0.75) / 2, (-3 - 1.5 / 0.25) / 2]])
-    assert torch.allclose(out, expected)
-
-
-def forward_spy(model):
-    seen = []
-
-    def fwd(ids, attn, position_ids=None):
-        seen.append(ids.clone())
-        return model(ids, attn)
-
-    return fwd, seen
-
-
-@pytest.mark.parametrize("t_per", ["batch", "sample"])
-def test_every_token_is_scored_exactly_once_per_pair(t_per):
-    prompt, pmask, comp, cmask = random_batch(B=8, L=16)
-    fwd, seen = forward_spy(ContextModel(20))
-    est = ComplementaryEstimator(ComplementaryConfig(t_per=t_per), MASK)
-    for it in range(3):
-        seen.clear()
-        est(fwd, prompt, pmask, comp, cmask, mask_seeds(0, 1, 8, it))
-        assert len(seen) == 1  # one forward over the three copies
-        full, half, compl = (seen[0].view(3, 8, -1)[:, :, 4:] == MASK).unbind(0)
-        assert bool(full.all())
-        assert bool((half ^ compl).all())  # each token masked in exactly one of the pair
-        assert bool(half.any()) and bool(compl.any())
-        assert torch.equal(seen[0].view(3, 8, -1)[:, :, :4], prompt.expand(3, -1, -1))  # the prompt stays clean
-
-
-def test_one_t_per_batch_shared_by_old_and_new_and_fresh_with_the_iteration():
-    pmask = torch.ones(8, 3, dtype=torch.long)
-    est = ComplementaryEstimator(ComplementaryConfig(), MASK)
-    d0 = est.draw(mask_seeds(0, 1, 8, 0), pmask, 10)
-    assert bool((d0.t == d0.t[0]).all()) and 0.2 <= float(d0.t[0]) <= 0.8
-    again = est.draw(mask_seeds(0, 1, 8, 0), pmask, 10)
-    assert torch.equal(again.t, d0.t) and torch.equal(again.u, d0.u)  # the same seeds: the same masks
-    ts = {float(est.draw(mask_seeds(0, r, 8, it), pmask, 10).t[0]) for r in range(3) for it in range(3)}
-    assert len(ts) == 9 and min(ts) >= 0.2 and max(ts) <= 0.8
-    rows = est.draw(mask_seeds(0, 1, 8, 0), pmask, 10).u
-    assert not torch.equal(rows[0], rows[1])  # the per-token uniforms are per row
-    per_row = ComplementaryEstimator(ComplementaryConfig(t_per="sample"), MASK).draw(mask_seeds(0, 1, 8, 0), pmask, 10)
-    assert len(set(per_row.t.tolist())) == 8 and torch.equal(per_row.u, d0.u)  # only t changes
-
-
-def test_a_context_free_model_gives_the_weights_exactly():
-    """With logits that ignore the input, every copy gives the same c_i = log p(x_i), so the estimate is
-    1/2 (c_i + c_i / t) where the half copy masks i and 1/2 (c_i + c_i / (1 - t)) elsewhere."""
-    prompt, pmask, comp, cmask = random_batch()
-    table = torch.randn(prompt.shape[1] + comp.shape[1], V)
-
-    def fwd(ids, attn, position_ids=None):
-        return table[: ids.shape[1]].expand(ids.shape[0], -1, -1)
-
-    est = ComplementaryEstimator(ComplementaryConfig(t_min=0.3, t_max=0.3), MASK)
-    seeds = mask_seeds(1, 2, comp.shape[0], 0)
-    out = est(fwd, prompt, pmask, comp, cmask, seeds)
-    c = torch.log_softmax(table[prompt.shape[1]:], -1).gather(-1, comp.T).T  # (B, L)
-    half = est.draw(seeds, pmask, comp.shape[1]).half
-    assert torch.allclose(out, torch.where(half, (c + c / 0.3) / 2, (c + c / 0.7) / 2), atol=1e-6)
-
-
-def test_prompt_masking_is_shared_by_the_three_copies():
-    prompt, pmask, comp, cmask = random_batch(B=8)
-    fwd, seen = forward_spy(ContextModel(11))
-    est = ComplementaryEstimator(ComplementaryConfig(p_mask_prompt=0.5), MASK)
-    est(fwd, prompt, pmask, comp, cmask, mask_seeds(0, 1, 8, 0))
-    p = seen[0].view(3, 8, -1)[:, :, :4] == MASK
-    assert bool(p.any()) and torch.equal(p[0], p[1]) and torch.equal(p[0], p[2])
 
 
 # ---------------------------------------------------------------- the objective's invariants

@@ -1,13 +1,13 @@
-"""SPG (rl/objectives/spg.py) and its block-wise masks (likelihood/spg_blocks.py): parity with a
-transcription of the public code, the sandwich EUBO >= log p >= ELBO where it holds, invariants, configs.
+"""SPG (rl/objectives/spg.py): parity with a transcription of the public code, invariants, configs. Its
+block-wise masks are tested in tests/unit/likelihood/test_spg_blocks.py, its bounds (the sandwich EUBO >=
+log p >= ELBO) in tests/unit/likelihood/test_elbo.py.
 
 The reference functions below are written from facebookresearch/SPG @ a1c7120, ``spg/spg_trainer.py``
-(``forward_process`` block_random, ``_get_per_seq_logps``, ``compute_loss``), in its operations and
-order, and import nothing from the project's implementation.
+(``_get_per_seq_logps``, ``compute_loss``; ``forward_process`` block_random is transcribed in
+test_spg_blocks.py), in its operations and order, and import nothing from the project's implementation.
 """
 
 import copy
-import math
 from dataclasses import replace
 
 import pytest
@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from diffusion_rl.app.train import build
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.likelihood.base import forward_logps
 from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator, elbo_from_logps, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksConfig, SPGBlocksEstimator
 from diffusion_rl.models.policy import logits_fn
@@ -25,61 +24,12 @@ from diffusion_rl.rl.objectives.spg import SPG, SPGConfig, spg_loss
 from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling.sampler import completion_mask
 from tests.helpers.common import compose_cfg, rollout_of
+from tests.unit.likelihood.test_spg_blocks import public_block_random
 
 MASK = 99
 
 
 # ---------------------------------------------------------------- the public code, transcribed
-
-
-def public_block_random(batch, prompt_len, completion_mask, mask_id, num_t, block_length, min_t, max_t,
-                        p_mask_prompt, g):
-    """SPG's forward_process(forward_type="block_random", use_mask_prompt=True); its global RNG
-    (set_seed) replaced by the generator ``g``. -> noisy batch (b, num_t, l), block mask."""
-    b, seq_len = batch.shape
-    prompt_index = torch.zeros(seq_len, dtype=torch.bool)
-    prompt_index[:prompt_len] = True
-    gen_length = (seq_len - prompt_index.sum()).item()
-    assert gen_length % block_length == 0
-    num_blocks = gen_length // block_length
-    completion_num_blocks = (completion_mask.sum(-1) - 1) // block_length + 1
-    assert num_t <= num_blocks
-    indices = torch.arange(num_blocks).repeat(b, 1)
-    for i in range(b):
-        indices[i] = indices[i][torch.randperm(num_blocks, generator=g)] % completion_num_blocks[i]
-    mask_block_idx = indices[:, :num_t]
-    is_mask = torch.zeros((b, num_t, seq_len), dtype=torch.bool)
-    block_mask = torch.ones((b, num_t, seq_len), dtype=torch.bool)
-    for i in range(b):
-        for j in range(num_t):
-            is_mask[i, j, -(num_blocks - mask_block_idx[i, j]) * block_length:] = True
-            if mask_block_idx[i, j] < num_blocks - 1:
-                block_mask[i, j, -(num_blocks - mask_block_idx[i, j] - 1) * block_length:] = False
-    completion_length = completion_mask.sum(-1)
-    is_mask_following = torch.ones((b, num_t, seq_len), dtype=torch.bool)
-    for i in range(b):
-        for j in range(num_t):
-            mask_length = min(block_length, completion_length[i] - block_length * mask_block_idx[i, j])
-            assert mask_length > 0
-            start_mask_num = max(int(mask_length * min_t), 1)
-            end_mask_num = min(int(mask_length * max_t), mask_length)
-            mask_num = torch.randint(start_mask_num, end_mask_num + 1, (1, 1), generator=g)
-            idx = torch.arange(block_length).repeat(1, 1, 1)
-            is_mask_next = idx < mask_num.unsqueeze(2)
-            start = -(num_blocks - mask_block_idx[i, j]) * block_length
-            if mask_block_idx[i, j] == num_blocks - 1 and mask_length == block_length:
-                is_mask_following[i, j, start:] = is_mask_next[0, 0][torch.randperm(block_length, generator=g)]
-            else:
-                is_mask_following[i, j, start:start + mask_length] = \
-                    is_mask_next[0, 0, :mask_length][torch.randperm(int(mask_length), generator=g)]
-    completion_mask_append = torch.cat((torch.ones(b, num_t, prompt_len, dtype=torch.bool),
-                                        completion_mask.unsqueeze(1).repeat(1, num_t, 1)), dim=2).to(torch.bool)
-    t_p = torch.ones(b, num_t) * p_mask_prompt
-    random_matrix = torch.rand((b, num_t, seq_len), generator=g)
-    is_mask_prompt = ~is_mask & (random_matrix < t_p.unsqueeze(2))
-    is_mask = is_mask_prompt | (is_mask & is_mask_following) | ~completion_mask_append
-    noisy_batch = torch.where(is_mask, mask_id, batch.unsqueeze(1).repeat(1, num_t, 1))
-    return noisy_batch, block_mask
 
 
 def public_per_seq_logps(logits, noisy, input_ids, logits_to_keep, completion_mask, reward_mask, mask_id,
@@ -242,174 +192,6 @@ def test_loss_parity_on_real_rollouts(tmp_path, negative):
     assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
     for a, b in zip(g_ours, g_ref):
         assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-6))
-
-
-def test_block_masks_have_the_public_distribution():
-    """Per-position masking rates, the masked count and t of likelihood=spg_blocks against the public
-    forward_process over many draws: 3 blocks of 4, completions of 6 (m = 2: block 0 twice as likely),
-    12, 4 and 1 tokens; prompt rows with and without padding."""
-    P, L, bl, K, n = 3, 12, 4, 2, 3000
-    lengths = torch.tensor([6, 12, 4, 1])
-    cmask = (torch.arange(L)[None] < lengths[:, None]).long()
-    B = len(lengths)
-    batch = torch.arange(1, 1 + P + L).repeat(B, 1)
-    g = torch.Generator().manual_seed(0)
-    pub = torch.stack([public_block_random(batch, P, cmask, MASK, K, bl, 0.0, 1.0, 0.15, g)[0] for _ in range(n)])
-    pub = pub == MASK  # (n, B, K, l)
-    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=K, block_length=bl), MASK)
-    d = est.draw(list(range(n * B)), torch.ones(n * B, P, dtype=torch.long), cmask.repeat(n, 1))
-    ours = torch.cat([d.prompt_hit, d.noised], -1).view(K, n, B, P + L).permute(1, 2, 0, 3)  # (n, B, K, l)
-    assert (ours.float().mean(0) - pub.float().mean(0)).abs().max() < 0.04  # per position, sample, row
-    cm = cmask.bool()[None, :, None]
-    count = lambda m: (m[..., P:] & cm).sum(-1)  # noqa: E731  masked completion tokens (n, B, K)
-    for b in range(B):
-        hist_p = torch.bincount(count(pub)[:, b].flatten(), minlength=L + 1).float() / (n * K)
-        hist_o = torch.bincount(count(ours)[:, b].flatten(), minlength=L + 1).float() / (n * K)
-        assert 0.5 * (hist_p - hist_o).abs().sum() < 0.05, b  # total variation
-    t_pub = count(pub).float() / lengths[None, :, None]
-    assert torch.allclose(d.t.view(K, n, B).permute(1, 2, 0), count(ours).float() / lengths[None, :, None])
-    assert (t_pub.mean(0) - d.t.view(K, n, B).permute(1, 2, 0).mean(0)).abs().max() < 0.03
-    # the permute quirk: with 3 blocks and 2 in the completion, block 0 twice as often as block 1
-    assert d.block.view(K, n, B)[:, :, 0].float().mean().item() == pytest.approx(1 / 3, abs=0.03)
-
-
-# ---------------------------------------------------------------- the masks' switches
-
-
-def draw(**kw):
-    """4000 rows: completions of 6, 12, 4 and 9 tokens in blocks of 4 (3 generation blocks)."""
-    cmask = (torch.arange(12)[None] < torch.tensor([[6], [12], [4], [9]])).long().repeat(1000, 1)
-    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=2, block_length=4, **kw), MASK)
-    return est.draw(list(range(4000)), torch.ones(4000, 3, dtype=torch.long), cmask), cmask
-
-
-def test_permute_gives_distinct_blocks_and_uniform_fixes_the_bias():
-    d, cm = draw()
-    row = torch.arange(4000) % 4
-    full = row == 1  # 12 tokens: 3 blocks, every one reachable
-    assert bool((d.block[0, full] != d.block[1, full]).all())  # the K samples start from distinct blocks
-    u, _ = draw(block_choice="uniform")
-    first = row == 0  # 6 tokens: m = 2 of n = 3 blocks
-    assert u.block[:, first].float().mean().item() == pytest.approx(0.5, abs=0.04)
-    assert d.block[:, first].float().mean().item() == pytest.approx(1 / 3, abs=0.04)
-    assert bool((u.block < ((cm.sum(-1) - 1) // 4 + 1)).all())
-
-
-def test_later_blocks_scored_or_not_and_earlier_blocks_noised_or_clean():
-    d, cm = draw()
-    pos = torch.arange(12)
-    later = (pos // 4)[None, None] > d.block[..., None]  # (K, B, L)
-    earlier = (pos // 4)[None, None] < d.block[..., None]
-    assert bool((d.noised | ~later).all())  # later blocks always masked
-    assert bool(((d.scored & later) == (later & cm.bool())).all())  # and scored (SPG's unused block mask)
-    rate = d.noised[earlier].float().mean().item()
-    assert rate == pytest.approx(0.15, abs=0.04)  # earlier blocks lose ~15% of their tokens
-    assert torch.equal(d.scored, d.noised & cm.bool())
-    s, _ = draw(score_later_blocks=False)
-    later_s = (pos // 4)[None, None] > s.block[..., None]
-    assert bool((s.noised | ~later_s).all()) and not bool((s.scored & later_s).any())
-    assert torch.allclose(s.t, (s.noised & cm.bool()).sum(-1) / cm.sum(-1))  # t still counts them
-    e, _ = draw(noise_earlier_blocks=False)
-    assert not bool(e.noised[(pos // 4)[None, None] < e.block[..., None]].any())
-
-
-def test_tokens_after_eos_masked_never_scored_and_prompt_padding_kept():
-    d, cm = draw()
-    assert bool(d.noised[:, ~cm.bool()].all()) and not bool(d.scored[:, ~cm.bool()].any())
-    est = SPGBlocksEstimator(SPGBlocksConfig(p_mask_prompt=0.5), MASK)
-    pm = torch.tensor([[0, 0, 1, 1]]).repeat(200, 1)
-    dd = est.draw(list(range(200)), pm, torch.ones(200, 8, dtype=torch.long))
-    assert not bool(dd.prompt_hit[:, :, :2].any()) and bool(dd.prompt_hit[:, :, 2:].any())
-
-
-# ---------------------------------------------------------------- the sandwich
-
-
-def exact_bounds(forward, prompt, comp, beta, mask_id=MASK):
-    """EUBO, log p / L and ELBO of one 2-token completion, and the conditionals ``a`` (each token's
-    log p while the other is masked) and ``b`` (once it is shown). log p is the likelihood of generating
-    the completion one token at a time in a uniformly random order, a masked diffusion model's
-    likelihood. The bounds are the project's functions on SPG's masks of a 2-token block, enumerated
-    with their probabilities -- one token masked (either place, 1/4 each) or both (1/2) -- as 4 equally
-    likely samples, so their Monte Carlo means are exact."""
-    P, K = prompt.shape[1], 4
-    masked = torch.tensor([[True, False], [False, True], [True, True], [True, True]])  # (K, L)
-    t = masked.sum(-1) / 2.0  # (K,)
-    ids = torch.cat([prompt.repeat(K, 1), torch.where(masked, mask_id, comp)], 1)  # (K, P + 2)
-    with torch.no_grad():
-        lp = forward_logps(forward, ids, None, comp.repeat(K, 1), P)  # (K, 2)
-    a, b = lp[2], torch.stack([lp[0, 0], lp[1, 1]])
-    log_p = torch.logsumexp(torch.stack([a[0] + b[1], a[1] + b[0]]), 0) - math.log(2)  # the two orders
-    eubo = eubo_from_logps(lp[:, None], masked[:, None], t[:, None], beta)[0]
-    elbo = elbo_from_logps(lp[:, None], masked[:, None], t[:, None], "mean")[0]
-    return eubo.item(), log_p.item() / 2, elbo.item(), a.exp(), b.exp()
-
-
-def context_model(a, b, V=4):
-    """A hand-built model of a 2-token completion (tokens 1, 1 after a 1-token prompt): token i has
-    probability a_i while the other is masked and b_i once it is shown."""
-    def forward(ids, attn):
-        out = torch.full((ids.shape[0], ids.shape[1], V), -30.0)
-        for i in range(2):
-            shown = ids[:, 1 + (1 - i)] != MASK  # (K,)
-            p = torch.where(shown, torch.tensor(b[i]), torch.tensor(a[i]))
-            out[:, 1 + i, 1] = p.log()
-            out[:, 1 + i, 2] = (1 - p).log()
-        return out
-    return forward
-
-
-HELPS, HURTS, NEUTRAL = ((0.2, 0.3), (0.9, 0.6)), ((0.6, 0.5), (0.3, 0.2)), ((0.7, 0.4), (0.7, 0.4))
-
-
-@pytest.mark.parametrize("a,b", [HELPS, HURTS, NEUTRAL], ids=["context-helps", "context-hurts", "no-context"])
-@pytest.mark.parametrize("beta", [1.0, 1.5, 3.0])
-def test_eubo_above_log_p_above_elbo_on_a_hand_built_model(a, b, beta):
-    """Where showing a token moves the other's probability the same way for both tokens, the sandwich
-    holds exactly for beta >= 1 (each token's EUBO is the order-beta power mean of its probabilities),
-    with equality when the context is irrelevant."""
-    eubo, log_p, elbo, *_ = exact_bounds(context_model(a, b), torch.tensor([[3]]), torch.tensor([[1, 1]]), beta)
-    if (a, b) == NEUTRAL:
-        assert eubo == pytest.approx(log_p, abs=1e-5) and elbo == pytest.approx(log_p, abs=1e-5)
-    else:
-        assert eubo > log_p > elbo, (eubo, log_p, elbo)
-
-
-def test_eubo_is_no_bound_where_context_helps_one_token_and_hurts_the_other():
-    """The per-token EUBO is a mean-field bound: at beta = 1 it lies below log p / L exactly when
-    (a_0 - b_0)(a_1 - b_1) < 0. The ELBO stays below."""
-    eubo, log_p, elbo, *_ = exact_bounds(context_model((0.2, 0.9), (0.8, 0.3)), torch.tensor([[3]]),
-                                         torch.tensor([[1, 1]]), 1.0)
-    assert eubo < log_p and elbo < log_p
-
-
-def test_sandwich_on_the_tiny_model(tiny_bundle):
-    """On a real model: ELBO <= log p / L always (Jensen), and at beta = 1 EUBO >= log p / L exactly
-    when (a_0 - b_0)(a_1 - b_1) >= 0 (EUBO - log p / L = log[(a_0 + b_0)(a_1 + b_1) / (2 (a_0 b_1 + a_1 b_0))] / 2);
-    for beta > 1 the EUBO only grows."""
-    fwd = logits_fn(tiny_bundle.net.eval())
-    g = torch.Generator().manual_seed(0)
-    lo = max(tiny_bundle.mask_token_id, tiny_bundle.eos_token_id, tiny_bundle.pad_token_id) + 1
-    V, held = tiny_bundle.tokenizer.vocab_size, 0
-    for _ in range(8):
-        prompt = torch.randint(lo, V, (1, 4), generator=g)
-        comp = torch.randint(lo, V, (1, 2), generator=g)
-        eubo, log_p, elbo, a, b = exact_bounds(fwd, prompt, comp, 1.0, tiny_bundle.mask_token_id)
-        eubo15 = exact_bounds(fwd, prompt, comp, 1.5, tiny_bundle.mask_token_id)[0]
-        assert elbo <= log_p + 1e-6 and eubo15 >= eubo - 1e-6
-        same_way = ((a[0] - b[0]) * (a[1] - b[1])).item() >= 0
-        assert (eubo >= log_p - 1e-6) == same_way
-        held += same_way
-    assert 0 < held  # the bound was checked where it holds
-
-
-def test_estimator_draws_the_enumerated_two_token_states():
-    """likelihood=spg_blocks on a 2-token completion draws the states the enumeration above weights."""
-    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=1, p_mask_prompt=0.0), MASK)
-    d = est.draw(list(range(4000)), torch.ones(4000, 1, dtype=torch.long), torch.ones(4000, 2, dtype=torch.long))
-    m = d.scored[0]  # (n, 2)
-    freq = [(m == torch.tensor(s)).all(-1).float().mean().item() for s in ([True, False], [False, True], [True, True])]
-    assert freq == pytest.approx([0.25, 0.25, 0.5], abs=0.03)
 
 
 # ---------------------------------------------------------------- the objective's invariants

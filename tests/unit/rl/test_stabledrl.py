@@ -1,4 +1,5 @@
-"""Monte Carlo ELBO estimator and the StableDRL objective: hand-computed cases and invariants."""
+"""The StableDRL objective: hand-computed cases and invariants, on the Monte Carlo ELBO estimator (whose own
+tests are in tests/unit/likelihood/test_elbo.py)."""
 
 import copy
 import math
@@ -10,9 +11,6 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import (
     ELBOConfig,
     ELBOEstimator,
-    elbo_from_logps,
-    eubo_from_logps,
-    sample_seeds,
 )
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives.base import StepContext, agg_loss, kl_penalty
@@ -23,26 +21,7 @@ from diffusion_rl.rl.objectives.stabledrl import (
     group_weights,
     stabledrl_loss,
 )
-from tests.helpers.common import compose_cfg, rollout_of
-
-SEEDS = [11, 22, 33, 44, 55, 66, 77, 88]
-
-
-def make_batch(bundle, n=8, P=6, L=10, seed=0):
-    """Random prompts (left padding on row 0) and completions with an EOS in some rows."""
-    g = torch.Generator().manual_seed(seed)
-    V = bundle.tokenizer.vocab_size
-    lo = max(bundle.mask_token_id, bundle.eos_token_id, bundle.pad_token_id) + 1
-    prompt = torch.randint(lo, V, (n, P), generator=g)
-    pmask = torch.ones(n, P, dtype=torch.long)
-    pmask[0, :2] = 0
-    prompt[0, :2] = bundle.pad_token_id
-    comp = torch.randint(lo, V, (n, L), generator=g)
-    comp[1, 4] = bundle.eos_token_id  # rows 1 and 3 end early
-    comp[3, 7] = bundle.eos_token_id
-    from diffusion_rl.sampling.sampler import completion_mask
-
-    return prompt, pmask, comp, completion_mask(comp, bundle.eos_token_id)
+from tests.helpers.common import compose_cfg, make_batch, rollout_of
 
 
 def make_rollout(bundle, G=4, groups=2, L=10, seed=0):
@@ -62,128 +41,6 @@ def sdrl_loss(elbo, old, adv, G, eps, clip="paper", normalize="self"):
     """stabledrl_loss on per-sequence tensors (B,), as one unit per sequence (B, 1)."""
     cfg = StableDRLConfig(eps=eps, clip=clip, normalize=normalize)
     return stabledrl_loss(elbo[:, None], old[:, None], adv[:, None], torch.ones_like(old)[:, None], cfg, group_size=G)
-
-
-# ---------------------------------------------------------------- ELBO estimator
-
-
-def test_elbo_from_logps_weighting_hand_computed():
-    logps = torch.tensor([[[-1.0, -2.0, -3.0]], [[-0.5, -1.5, -4.0]]])  # (K=2, B=1, L=3)
-    masked = torch.tensor([[[True, False, True]], [[False, True, False]]])
-    t = torch.tensor([[0.5], [0.25]])
-    inv = elbo_from_logps(logps, masked, t, "inverse_t")
-    assert inv.item() == pytest.approx(((-1 - 3) / 0.5 + (-1.5) / 0.25) / 2)  # (-8 - 6) / 2
-    mean = elbo_from_logps(logps, masked, t, "mean")
-    assert mean.item() == pytest.approx(((-1 - 3) / 2 + (-1.5) / 1) / 2)
-    # unmasked entries may hold anything, even -inf, without leaking into the result
-    logps2 = logps.clone()
-    logps2[0, 0, 1] = -math.inf
-    assert elbo_from_logps(logps2, masked, t, "inverse_t").item() == pytest.approx(inv.item())
-
-
-def test_eubo_from_logps_hand_computed():
-    logps = torch.tensor([[[-1.0, -2.0, -3.0]], [[-0.5, -1.5, -4.0]]])
-    masked = torch.tensor([[[True, False, False]], [[True, True, False]]])
-    t = torch.tensor([[0.5], [0.25]])
-    b = 1.5
-    tok0 = math.log((math.exp(-1.0 * b) / 0.5 + math.exp(-0.5 * b) / 0.25) / 2)
-    tok1 = math.log((0 + math.exp(-1.5 * b) / 0.25) / 2)  # masked in one sample of two
-    expected = (tok0 + tok1) / 2 / b  # token 2 never masked: left out
-    assert eubo_from_logps(logps, masked, t, b).item() == pytest.approx(expected, rel=1e-6)
-
-
-def test_k_samples_in_one_forward_equal_k_single_sample_calls(tiny_bundle):
-    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
-    net = tiny_bundle.net.eval()
-    calls = []
-
-    def fwd(ids, attn):
-        calls.append(ids.shape[0])
-        return logits_fn(net)(ids, attn)
-
-    K = 3
-    for kw in ({}, {"p_mask_prompt": 0.3, "weighting": "mean"}, {"schedule": "block_random", "block_length": 4}):
-        est_k = ELBOEstimator(ELBOConfig(num_samples=K, **kw), tiny_bundle.mask_token_id)
-        est_1 = ELBOEstimator(ELBOConfig(num_samples=1, **kw), tiny_bundle.mask_token_id)
-        calls.clear()
-        with torch.no_grad():
-            batched = est_k(fwd, prompt, pmask, comp, cmask, SEEDS)
-            assert calls == [K * len(SEEDS)]  # one forward over K stacked copies
-            single = torch.stack([est_1(fwd, prompt, pmask, comp, cmask, sample_seeds(SEEDS, k)) for k in range(K)])
-        assert torch.allclose(batched, single.mean(0), rtol=1e-5, atol=1e-5), kw
-        # and the samples really differ (a test that K copies of one mask would fail)
-        assert not torch.allclose(single[0], single[1])
-
-
-def test_at_least_one_token_masked_even_with_tiny_t(tiny_bundle):
-    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
-    for schedule in ("uniform", "block_random"):
-        est = ELBOEstimator(ELBOConfig(num_samples=4, t_min=1e-6, t_max=1e-6, schedule=schedule, block_length=4),
-                            tiny_bundle.mask_token_id)
-        _, masked, t, scored = est.draw(SEEDS, pmask, cmask)
-        counts = masked.sum(-1)  # (K, B)
-        assert bool((counts >= 1).all()), schedule
-        assert not bool((masked & ~scored).any())
-        if schedule == "uniform":
-            assert bool((counts == 1).all())
-            assert torch.allclose(t, torch.full_like(t, 1e-6))
-
-
-def test_antithetic_masks_are_complements(tiny_bundle):
-    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
-    est = ELBOEstimator(ELBOConfig(num_samples=4, antithetic=True, t_min=0.2, t_max=0.8, p_mask_prompt=0.2),
-                        tiny_bundle.mask_token_id)
-    hit, masked, t, scored = est.draw(SEEDS, pmask, cmask)
-    for m in range(2):
-        a, b = masked[2 * m], masked[2 * m + 1]
-        assert not bool((a & b).any())
-        assert torch.equal(a | b, scored)
-        assert torch.allclose(t[2 * m] + t[2 * m + 1], torch.ones_like(t[0]))
-        assert torch.equal(hit[2 * m], hit[2 * m + 1])
-    assert not torch.equal(masked[0], masked[2])  # the pairs are independent draws
-    # extreme t: the at-least-one rule keeps both halves non-empty and still complementary
-    est = ELBOEstimator(ELBOConfig(num_samples=2, antithetic=True, t_min=1e-4, t_max=1 - 1e-4),
-                        tiny_bundle.mask_token_id)
-    for seeds in ([1, 2, 3, 4, 5, 6, 7, 8], [9] * 8):
-        _, masked, _, scored = est.draw(seeds, pmask, cmask)
-        assert bool((masked.sum(-1) >= 1).all())
-        assert torch.equal(masked[0] ^ masked[1], scored)
-
-
-def test_elbo_config_validation():
-    with pytest.raises(ConfigError, match="likelihood.num_samples"):
-        ELBOConfig(num_samples=3, antithetic=True, t_max=0.999).validate()
-    with pytest.raises(ConfigError, match="likelihood.t_max"):
-        ELBOConfig(num_samples=2, antithetic=True).validate()  # t_min + t_max != 1
-    with pytest.raises(ConfigError, match="likelihood.weighting"):
-        ELBOConfig(weighting="sum").validate()
-    with pytest.raises(ConfigError, match="likelihood.t_min"):
-        ELBOConfig(t_min=0.0).validate()
-
-
-def test_tokens_after_eos_are_masked_and_not_scored(tiny_bundle):
-    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
-    net = tiny_bundle.net.eval()
-    seen = []
-
-    def fwd(ids, attn):
-        seen.append(ids)
-        return logits_fn(net)(ids, attn)
-
-    est = ELBOEstimator(ELBOConfig(num_samples=2), tiny_bundle.mask_token_id)
-    comp2 = comp.clone()
-    comp2[1, 5:] = comp[1, 5:].flip(-1) + 1  # change only tokens after row 1's EOS
-    with torch.no_grad():
-        a = est(fwd, prompt, pmask, comp, cmask, SEEDS)
-        b = est(fwd, prompt, pmask, comp2, cmask, SEEDS)
-    assert torch.equal(a, b)
-    P = prompt.shape[1]
-    assert bool((seen[0].view(2, 8, -1)[:, 1, P + 5:] == tiny_bundle.mask_token_id).all())
-    est_all = ELBOEstimator(ELBOConfig(num_samples=2, score_after_eos=True), tiny_bundle.mask_token_id)
-    with torch.no_grad():
-        a = est_all(fwd, prompt, pmask, comp, cmask, SEEDS)
-        b = est_all(fwd, prompt, pmask, comp2, cmask, SEEDS)
-    assert a[1] != b[1] and torch.equal(a[0], b[0])
 
 
 # ---------------------------------------------------------------- StableDRL loss (pure)

@@ -1,7 +1,7 @@
 """TraceRL: parity with a transcription of the public code (Gen-Verse/dLLM-RL @ 10b4fd1), on random
-tensors and on the tiny models' own recorded rollouts (masked and block); the rounds and rows; the
-loss's invariants; the z-score advantages and the group filter; the truncated-reward rollout option;
-the config errors.
+tensors and on the tiny models' own recorded rollouts (masked and block); the rows (the rounds are
+hand-computed in tests/unit/likelihood/test_trace.py); the loss's invariants; the z-score advantages and
+the group filter; the truncated-reward rollout option; the config errors.
 
 The reference below is written for this test from the public files (``train/rl_sdar.py``:
 ``collapse_k_unique``, ``make_basic_block_attention``, ``one_round_vectorized``,
@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
-from diffusion_rl.likelihood.trace import NO_ROUND, round_rows, row_masks, trace_rounds
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, encode_prompts, logits_fn
 from diffusion_rl.rl.advantages import ZScoreAdvantage, ZScoreConfig
@@ -449,18 +448,6 @@ def test_advantages_and_group_filter_equal_the_reward_file():
 
 
 # ======================================================================= 3. rounds and rows
-def test_rounds_hand_computed():
-    cs = torch.tensor([[-1, 3, 0, 3, 7, 5, FILLED, 0]])  # -1: never masked (no step), FILLED: EOS fill
-    r = trace_rounds(cs, segment=8, shrink=1)
-    assert r.tolist() == [[NO_ROUND, 1, 0, 1, 3, 2, NO_ROUND, 0]]
-    assert trace_rounds(cs, segment=8, shrink=2).tolist() == [[NO_ROUND, 0, 0, 0, 1, 1, NO_ROUND, 0]]
-    # per block of 4: ranks restart in each block
-    assert trace_rounds(cs, segment=4, shrink=1).tolist() == [[NO_ROUND, 1, 0, 1, 2, 1, NO_ROUND, 0]]
-    sample, rnd = round_rows(trace_rounds(cs, 4, 1), torch.ones(1, 8, dtype=torch.bool))
-    assert list(zip(sample.tolist(), rnd.tolist())) == [(0, 0), (0, 1), (0, 2)]
-    masked, decoded = row_masks(trace_rounds(cs, 4, 1), sample, rnd)
-    assert masked[1].tolist() == [True, True, False, True, True, True, True, False]
-    assert decoded[1].tolist() == [False, True, False, True, False, True, False, False]
 
 
 def test_masked_rows_are_the_recorded_states_before_each_step(tiny_bundle):

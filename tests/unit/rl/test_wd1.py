@@ -230,19 +230,6 @@ def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
     assert module.old_policy is None
 
 
-def test_one_run_without_the_old_policy(tmp_path):
-    """A whole tiny run with ratio_diagnostic=false: it trains and logs no ratio."""
-    import csv
-
-    from diffusion_rl.app.train import train
-
-    summary = train(compose_cfg(["objective=wd1", "objective.mu=2", "objective.ratio_diagnostic=false"], tmp_path),
-                    tmp_path / "run")
-    assert summary["optimizer_steps"] == 4
-    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
-    assert "ratio/log_std" not in rows[0] and "weights/ess" in rows[0]
-
-
 # ---------------------------------------------------------------- configs
 
 

@@ -6,7 +6,6 @@ The real file is tests/fixtures/mbpp/mbpp.jsonl (see tests/fixtures/README.md). 
 
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
@@ -22,7 +21,8 @@ from tests.unit.tasks.test_text_tasks import compose_eval, write_jsonl
 MBPP = FIXTURES / "mbpp" / "mbpp.jsonl"
 
 
-def _row(task_id: int) -> dict:
+def mbpp_row(task_id: int) -> dict:
+    """An MBPP row (task ``task_id``) whose reference solution passes its three tests."""
     return {"task_id": task_id, "text": f"Write a function to double a number ({task_id}).",
             "code": "def double(x):\r\n    return 2 * x", "test_setup_code": "", "challenge_test_list": [],
             "test_list": ["assert double(2) == 4", "assert double(0) == 0", "assert double(-3) == -6"]}
@@ -33,7 +33,7 @@ def _task(tmp_path, *overrides):
 
 
 def test_split_by_task_id_and_prompts(tmp_path):
-    path = write_jsonl(tmp_path / "mbpp.jsonl", [_row(i) for i in (5, 11, 510, 511, 600, 601, 974)])
+    path = write_jsonl(tmp_path / "mbpp.jsonl", [mbpp_row(i) for i in (5, 11, 510, 511, 600, 601, 974)])
     task = _task(tmp_path, f"task.data_path={path}")
     assert [it["task_id"] for it in task.test_items()] == [11, 510]
     assert [it["task_id"] for it in task.train_items()] == [601, 974]
@@ -43,7 +43,7 @@ def test_split_by_task_id_and_prompts(tmp_path):
     prompt = task.eval_prompt(item)
     assert '"""\nWrite a function to double a number (11).\nassert double(2) == 4\n"""' in prompt
     assert _task(tmp_path, f"task.data_path={path}", "task.prompt_style=compact").prompt(item) == "assert double(2) == 4\n"
-    only_test = write_jsonl(tmp_path / "t.jsonl", [_row(12)])
+    only_test = write_jsonl(tmp_path / "t.jsonl", [mbpp_row(12)])
     with pytest.raises(ConfigError, match="holds no problem of the train split"):
         _task(tmp_path, f"task.data_path={only_test}").train_items()
     with pytest.raises(ConfigError, match="task.eval_split"):
@@ -75,37 +75,3 @@ def test_every_split_of_the_real_file(tmp_path):
     task = _task(tmp_path, f"task.data_path={MBPP}")
     assert len(task.test_items()) == 500 and len(task.train_items()) == 374
     assert len(_task(tmp_path, f"task.data_path={MBPP}", "task.eval_split=validation").test_items()) == 90
-
-
-def test_a_short_rl_run_scores_its_rollouts_in_the_sandbox(tmp_path, monkeypatch):
-    from diffusion_rl.app.train import train
-    from diffusion_rl.sandbox.limits import MEASURE_CPU_S
-    from diffusion_rl.sandbox.runner import Sandbox
-
-    rows = [{**_row(i), "text": f"Return {i}.", "code": f"def f():\r\n    return {i}",
-             "test_list": [f"assert f() == {i}"] * 3} for i in [*range(11, 17), *range(601, 611)]]
-    path = write_jsonl(tmp_path / "mbpp.jsonl", rows)
-    ran, timed = [], []
-    real = Sandbox.run
-
-    def run(self, programs):
-        if all(p.cpu_s == MEASURE_CPU_S for p in programs):  # reference solutions being timed (sandbox/limits.py)
-            timed.extend(p.digest() for p in programs)
-        else:
-            ran.append(len(programs))
-        return real(self, programs)
-
-    monkeypatch.setattr(Sandbox, "run", run)
-    cfg = compose_cfg(["experiment=mbpp_cpu", f"task.data_path={path}", "task.num_test=4", "task.prompts_per_batch=2",
-                       "task.group_size=4", "sampler.gen_length=32", "sampler.block_length=32", "sampler.steps=8",
-                       "trainer.max_steps=2", "warmstart.steps=3", "warmstart.batch_size=8"], tmp_path)
-    summary = train(cfg, tmp_path / "run")
-    assert summary["optimizer_steps"] == 2 and {"pass@1", "frac/error"} <= set(summary["before"])
-    # an evaluation (4 programs), two rollouts (8 each), an evaluation: each distinct program runs once
-    assert len(ran) >= 3 and max(ran) <= 8 and sum(ran) <= 2 * 8 + 2 * 4
-    # each scored item's reference is timed once (these take milliseconds: one run each), never again
-    assert 4 <= len(timed) == len(set(timed)) <= len(rows)
-    records = [json.loads(line) for line in open(tmp_path / "run" / "eval_generations.jsonl")]
-    assert len(records) == 4 and all(r["sandbox"]["reason"] in ("passed", "failed", "error", "exited") for r in records)
-    steps = [r for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv")) if r.get("train/reward")]
-    assert [float(r["reward/timeout_frac"]) for r in steps] == [0.0, 0.0]  # logged each step with the rollout's metrics

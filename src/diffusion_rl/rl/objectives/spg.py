@@ -12,7 +12,7 @@ sample (``likelihood/elbo.py``'s ``eubo_from_logps``), ``t_k`` the share of the 
 The paper's argument: a good sample's likelihood is pushed up through a lower bound and a bad one's
 down through an upper bound, so neither step is taken on an overestimate. This per-token EUBO is a
 mean-field bound: on an exactly enumerated 2-token completion it lies above log p / L only where
-revealing a token moves the other's probability the same way for both (``tests/unit/rl/test_spg.py``). No
+revealing a token moves the other's probability the same way for both (``tests/unit/likelihood/test_elbo.py``). No
 ratio, no clip, no KL in the method. Metrics: ``spg/frac_upper`` (share of rows on the upper-bound
 side) and ``spg/upper_minus_elbo`` (their mean ``s_i - ELBO_i``).
 
