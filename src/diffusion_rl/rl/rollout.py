@@ -51,8 +51,7 @@ from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import Objective, RolloutTools
 from diffusion_rl.rl.tree import Tree, TreeConfig, grow_trees
-from diffusion_rl.sampling import RowNoise, SamplerConfig
-from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from diffusion_rl.sampling.sampler import SampleOutput, completion_mask
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from diffusion_rl.tasks.base import Task
@@ -316,7 +315,7 @@ class RolloutEngine:
                rollout_id: int) -> RolloutTools:
         """The sampler, decoder and rewards of this rollout for the objective's hook (``revise_rollout``);
         a resample of rows ``first ..`` draws its own noise (``_RESAMPLE_SALT``), keyed by global row."""
-        def sample(first: int, canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def resample(first: int, canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             rows = slice(first, first + canvas.shape[0])
             completion, logp, _, _ = self._generate(behaviour, ids[rows], mask[rows], offset + first, rollout_id, None,
                                                     canvas.to(ids.device), salt=_RESAMPLE_SALT)
@@ -324,7 +323,7 @@ class RolloutEngine:
 
         eos = self.bundle.eos_token_id
         return RolloutTools(task=self.task, tokenizer=self.bundle.tokenizer, mask_id=self.bundle.mask_token_id,
-                            eos_id=eos, run_seed=self.seed, sample=sample,
+                            eos_id=eos, run_seed=self.seed, sample=resample,
                             decode=lambda comp: decode_completions(self.bundle.tokenizer, comp, eos),
                             score=self._score, behaviour=logits_fn(behaviour))
 
@@ -344,8 +343,8 @@ class RolloutEngine:
                   canvas: torch.Tensor | None = None,
                   salt: int = _GUMBEL_SALT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions (n, L), the sampler's log-prob of each of their tokens (n, L), ``[entropy sum,
-        committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled
-        tokens]`` (4,) float64 summed over this process's rows."""
+        committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled tokens,
+        edited tokens]`` (5,) float64 summed over this process's rows."""
         was_training = net.training
         net.eval()
         n = ids.shape[0]
@@ -357,16 +356,10 @@ class RolloutEngine:
         for s in range(0, n, size):
             # each row keyed by its global row: the same rows draw the same noise in any chunks, on any number of processes
             noise = RowNoise.rows(key, offset + s, ids[s:s + size].shape[0])
-            out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler,
-                                  self.bundle.mask_token_id, noise, recorder, eos_id=self.bundle.eos_token_id,
-                                  canvas=None if canvas is None else canvas[s:s + size])
+            out = sample(self.bundle, ids[s:s + size], mask[s:s + size], self.sampler, noise, recorder, net=net,
+                         canvas=None if canvas is None else canvas[s:s + size])
             parts.append(out.completion)
-            assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
-            logps.append(out.token_logp)
-            ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
-            rows = out.completion.shape[0]
-            cost += rows * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled, out.edited],
-                                        dtype=torch.float64, device=ids.device)
+            logps.append(tally(out, ent, cost))
         net.train(was_training)
         return torch.cat(parts), torch.cat(logps), ent, cost
 
@@ -384,9 +377,9 @@ class RolloutEngine:
 
         def grow(p: torch.Tensor, m: torch.Tensor, c: torch.Tensor, noise: RowNoise, a: int, b: int) -> SampleOutput:
             step = size or p.shape[0]
-            outs = [policy_generate(net, 0, p[s:s + step], m[s:s + step], self.sampler, mask_id,
-                                    RowNoise(noise.seeds[s:s + step]), eos_id=self.bundle.eos_token_id,
-                                    canvas=c[s:s + step], start_step=a, stop_step=b)
+            # a tree runs the masked-diffusion sampler: check_tree refused a block model
+            outs = [sample(self.bundle, p[s:s + step], m[s:s + step], self.sampler, RowNoise(noise.seeds[s:s + step]),
+                           net=net, canvas=c[s:s + step], start_step=a, stop_step=b)
                     for s in range(0, p.shape[0], step)]
             return merge_outputs(outs)
 
@@ -402,11 +395,7 @@ class RolloutEngine:
             if out is None:  # roots that are the start canvas: nothing committed
                 logp.append(torch.zeros(int((tree.depth == d).sum()), start.shape[1], device=ids.device))
                 continue
-            assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
-            ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
-            cost += out.completion.shape[0] * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled,
-                                                            out.edited], dtype=torch.float64, device=ids.device)
-            logp.append(out.token_logp)
+            logp.append(tally(out, ent, cost))
         node_logp = torch.cat(logp)  # (M, L) each node's own committed tokens
         for d in range(1, int(tree.depth.max()) + 1):  # a node's path: its parent's path and its own
             at = (tree.depth == d).nonzero()[:, 0]
@@ -449,6 +438,17 @@ def merge_outputs(outs: list[SampleOutput]) -> SampleOutput:
     return SampleOutput(cat("sequences"), cat("completion"), cat("entropy_sum"), cat("num_committed"),
                         cat("token_logp"), round(mean("forwards")), round(mean("forward_tokens")),
                         round(mean("steps")), mean("filled"), mean("edited"))
+
+
+def tally(out: SampleOutput, ent: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+    """Add one sampler call's ``[entropy sum, committed tokens]`` to ``ent`` (2,) and its cost
+    ``[forwards, forward tokens, steps, filled, edited]``, per row times its rows, to ``cost`` (5,), in
+    place. -> the sampler's log-prob of each token it committed (rows, L)"""
+    assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
+    ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
+    cost += out.completion.shape[0] * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled,
+                                                    out.edited], dtype=torch.float64, device=cost.device)
+    return out.token_logp
 
 
 def cost_metrics(cost: torch.Tensor, rows: int, gen_length: int) -> dict[str, float]:
