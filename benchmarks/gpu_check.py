@@ -54,8 +54,7 @@ from diffusion_rl.models.sdar import SDARConfig, SDARForCausalLM  # noqa: E402
 from diffusion_rl.rl.batch import Rollout  # noqa: E402
 from diffusion_rl.rl.objectives.base import StepContext  # noqa: E402
 from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig  # noqa: E402
-from diffusion_rl.sampling import SamplerConfig  # noqa: E402
-from diffusion_rl.sampling.block import policy_generate  # noqa: E402
+from diffusion_rl.sampling import SamplerConfig, sample  # noqa: E402
 
 # ~1B parameters each, with the released vocabularies (the embeddings are a large share at this size)
 ONE_B = {
@@ -198,7 +197,7 @@ def time_sampler(bundle: PolicyBundle, args, device: torch.device) -> tuple[floa
     reset_peak(device)
     sync(device)
     t0 = time.perf_counter()
-    policy_generate(bundle.net, bundle.block_size, prompt, pmask, cfg, bundle.mask_token_id)
+    sample(bundle, prompt, pmask, cfg)
     sync(device)
     dt = time.perf_counter() - t0
     return args.batch * args.gen_length / dt, peak_gib(device)

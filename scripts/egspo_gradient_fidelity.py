@@ -59,7 +59,7 @@ def measure(seed: int, steps: int, K: int, rollouts: int, draws: int, cache: str
     warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, key, cache, progress=False)
     G = c.task.cfg.group_size
     items = c.task.splits.train[: rollouts // G]
-    ro = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed)(items, c.bundle.net, 0)
+    ro = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=seed)(items, c.bundle.net, 0)
     traj, N, T = ro.trajectory, ro.completion_ids.shape[0], steps
     assert traj is not None and traj.num_steps == T
     net = c.bundle.net.train()

@@ -248,8 +248,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         if ckpt is not None and first:
             check_base(ckpt, base)
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
-                                   old_policy=c.run.old_policy, oversample=c.run.rollout.oversample,
-                                   truncated_reward=c.run.rollout.truncated_reward, tree=c.run.rollout.tree)
+                                   old_policy=c.run.old_policy, rollout=c.run.rollout)
         module.warm_start, module.base = provenance, base
         module.run_config = config  # type: ignore[assignment]
         L.seed_everything(c.run.seed, workers=True, verbose=False)  # from here on the RL seed

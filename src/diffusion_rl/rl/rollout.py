@@ -51,8 +51,7 @@ from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import Objective, RolloutTools
 from diffusion_rl.rl.tree import Tree, TreeConfig, grow_trees
-from diffusion_rl.sampling import RowNoise, SamplerConfig
-from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from diffusion_rl.sampling.sampler import SampleOutput, completion_mask
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from diffusion_rl.tasks.base import Task
@@ -103,27 +102,67 @@ def check_tree(tree: TreeConfig, sampler: SamplerConfig, block_size: int, object
         raise ConfigError("rollout.oversample", oversample, "must be 1 with rollout.tree (a tree is kept whole)")
 
 
+@dataclass
+class Draw:
+    """The sampling stage's output: this process's rows as the behaviour policy drew them, before any
+    reward (the rollout's per-row tensors, and the sampler's totals the metrics read)."""
+
+    prompt_ids: torch.Tensor  # (n, P) left-padded
+    prompt_mask: torch.Tensor  # (n, P)
+    items: list[dict[str, Any]]  # the task item of each row
+    completion: torch.Tensor  # (n, L)
+    sampler_logp: torch.Tensor  # (n, L) the sampler's log-prob of each committed token
+    entropy: torch.Tensor  # (2,) float64 [entropy sum, committed tokens] over this process's rows
+    cost: torch.Tensor  # (5,) float64 [forwards, forward tokens, steps, filled, edited] summed over the rows
+    shard: Shard
+    trajectory: TrajectoryRecorder | None
+    pinned: torch.Tensor | None  # (n, L) bool the task's known tokens
+    tree: Tree | None
+
+
+@dataclass
+class Advantages:
+    """The advantage stage's output, computed from the rows kept."""
+
+    rewards: torch.Tensor  # (n,) on the policy's device
+    all_rewards: torch.Tensor  # (N,) every process's rows
+    advantages: torch.Tensor  # (n,) or (n, K) this process's rows
+    selected_steps: torch.Tensor | None  # (n, K) -1 = unused slot
+
+
 class RolloutEngine:
     """Turns task items into a :class:`Rollout`; holds no model of its own (the caller passes the
     behaviour policy), so the same engine serves a frozen copy or the policy itself."""
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
-                 sampler: SamplerConfig, seed: int = 0, oversample: int = 1, truncated_reward: float | None = None,
-                 tree: TreeConfig | None = None):
+                 sampler: SamplerConfig, rollout: RolloutConfig | None = None, seed: int = 0):
         self.bundle, self.task, self.objective, self.advantage = bundle, task, objective, advantage
         # the objective's rollout order (JustGRPO's left to right); evaluation keeps the configured sampler
         self.sampler = objective.rollout_sampler(sampler)
         self.sampler.validate()
-        self.seed, self.oversample = seed, oversample
-        self.truncated_reward = truncated_reward
-        self.tree = tree or TreeConfig()
-        check_tree(self.tree, sampler, bundle.block_size, objective, oversample)
+        self.cfg, self.seed = rollout or RolloutConfig(), seed
+        check_tree(self.cfg.tree, sampler, bundle.block_size, objective, self.cfg.oversample)
+
+    @property
+    def group_size(self) -> int:
+        """Rows per prompt: a tree's leaves, else ``task.group_size``."""
+        return self.cfg.tree.leaves if self.cfg.tree.enabled else self.task.cfg.group_size
 
     @torch.no_grad()
     def __call__(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Rollout:
         t0 = time.perf_counter()
-        G = self.tree.leaves if self.tree.enabled else self.task.cfg.group_size
-        tok, eos = self.bundle.tokenizer, self.bundle.eos_token_id
+        draw = self._sample(items, behaviour, rollout_id)
+        t_score = time.perf_counter()
+        ro, metrics = self._reward(draw, behaviour, rollout_id)  # scored, then revised by the objective
+        ro, kept = self._keep_groups(ro)  # DAPO's dynamic sampling (rollout.oversample > 1)
+        adv, adv_metrics = self._advantages(ro, rollout_id, t_score)
+        metrics.update(kept | adv_metrics)
+        return self._finish(ro, adv, draw, metrics, t0)
+
+    def _sample(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Draw:
+        """Expand each item to ``G`` rows, encode, keep this process's share and sample their completions
+        (independently, or as the leaves of trees)."""
+        G, tok = self.group_size, self.bundle.tokenizer
         device = next(behaviour.parameters()).device
         prompts = [self.task.prompt(it) for it in items for _ in range(G)]
         ids, mask = encode_prompts(tok, prompts, device, self.bundle.block_size)  # (N, P)
@@ -133,73 +172,113 @@ class RolloutEngine:
         group_items = [it for it in items for _ in range(G)][rows]
         canvas = self.task.canvas(group_items, tok, self.sampler.gen_length, self.bundle.mask_token_id)  # (n, L) | None
         canvas = None if canvas is None else canvas.to(device)
-        traj = None
-        if self.objective.needs_trajectory:
-            values_of = self.advantage.values_of if self.advantage.needs_values else None
-            traj = TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=values_of == "greedy",
-                                      variable_steps=self.sampler.decode != "fixed",
-                                      record_prediction=self.objective.needs_predictions or values_of == "prediction",
-                                      temperature=self.sampler.temperature)
-        tree = None
-        if self.tree.enabled:
-            completion, token_logp, entropy, cost, tree = self._grow(behaviour, ids, mask, shard.offset, rollout_id,
-                                                                     canvas, G)
+        traj, tree = self._recorder(), None
+        if self.cfg.tree.enabled:
+            completion, logp, entropy, cost, tree = self._grow(behaviour, ids, mask, shard.offset, rollout_id, canvas, G)
         else:
-            completion, token_logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id,
-                                                                   traj, canvas)
+            completion, logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj, canvas)
         pinned = None if canvas is None else canvas != self.bundle.mask_token_id  # (n, L) the task's known tokens
-        n_generated = completion.shape[0]  # this process's rows, before dynamic sampling keeps some
-        generated = completion.numel() * shard.world_size  # tokens, before dynamic sampling keeps some
-        t_score = time.perf_counter()
-        texts = decode_completions(tok, completion, eos)
-        rewards, components = self._score(completion, texts, group_items)  # (n,), {name: (n,)}
-        metrics: dict[str, float] = self.task.reward_metrics(texts, group_items)  # of every row drawn
-        if self.truncated_reward is not None:  # no EOS: the completion ran out of canvas
-            cut = ~(completion == eos).any(-1)  # (n,)
-            metrics["rollout/truncated_frac"] = float(shard.all_reduce_sum(cut.float().sum()) / (n_generated * shard.world_size))
-        # every per-row field the filter below must see goes in here; all_rewards and advantages are
-        # placeholders, set at the end from the rows kept
+        return Draw(ids, mask, group_items, completion, logp, entropy, cost, shard, traj, pinned, tree)
+
+    def _recorder(self) -> TrajectoryRecorder | None:
+        """The trajectory recorder the objective trains on (what the advantage estimator values rides
+        along: greedy completions or the sampler's predictions); None when it trains on none."""
+        if not self.objective.needs_trajectory:
+            return None
+        values_of = self.advantage.values_of if self.advantage.needs_values else None
+        return TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=values_of == "greedy",
+                                  variable_steps=self.sampler.decode != "fixed",
+                                  record_prediction=self.objective.needs_predictions or values_of == "prediction",
+                                  temperature=self.sampler.temperature)
+
+    def _reward(self, draw: Draw, behaviour: nn.Module, rollout_id: int) -> tuple[Rollout, dict[str, float]]:
+        """Decode and score every row drawn in one pass, and let the objective revise the rollout
+        (IGPO's hinted rows). The Rollout is made here because the objective's hook and DAPO's filter
+        (``Rollout.select``, generic over every per-row field) act on one; ``all_rewards`` and
+        ``advantages`` are not known before the filter and hold this process's rewards until
+        :meth:`_finish` sets them from the rows kept."""
+        tok, eos, shard = self.bundle.tokenizer, self.bundle.eos_token_id, draw.shard
+        texts = decode_completions(tok, draw.completion, eos)
+        rewards, components = self._score(draw.completion, texts, draw.items)  # (n,), {name: (n,)}
+        metrics: dict[str, float] = self.task.reward_metrics(texts, draw.items)  # of every row drawn
+        if self.cfg.truncated_reward is not None:  # no EOS: the completion ran out of canvas
+            cut = ~(draw.completion == eos).any(-1)  # (n,)
+            drawn = draw.completion.shape[0] * shard.world_size
+            metrics["rollout/truncated_frac"] = float(shard.all_reduce_sum(cut.float().sum()) / drawn)
         ro = Rollout(
-            rollout_id=rollout_id, group_size=G, prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
-            completion_mask=completion_mask(completion, eos), texts=texts, items=group_items, rewards=rewards,
-            all_rewards=rewards, reward_components=components, advantages=rewards, shard=shard, trajectory=traj,
-            metrics=metrics, sampler_logp=token_logp, pinned=pinned, tree=tree,
+            rollout_id=rollout_id, group_size=self.group_size, prompt_ids=draw.prompt_ids, prompt_mask=draw.prompt_mask,
+            completion_ids=draw.completion, completion_mask=completion_mask(draw.completion, eos), texts=texts,
+            items=draw.items, rewards=rewards, all_rewards=rewards, reward_components=components, advantages=rewards,
+            shard=shard, trajectory=draw.trajectory, metrics=metrics, sampler_logp=draw.sampler_logp,
+            pinned=draw.pinned, tree=draw.tree,
         )
-        ro, revised = self.objective.revise_rollout(ro, self._tools(behaviour, ids, mask, shard.offset, rollout_id))
+        tools = self._tools(behaviour, draw.prompt_ids, draw.prompt_mask, shard.offset, rollout_id)
+        ro, revised = self.objective.revise_rollout(ro, tools)
         metrics.update(revised)
-        if self.oversample > 1:  # DAPO's dynamic sampling: keep the groups whose rewards differ
-            keep, keep_metrics = self._keep_groups(ro.rewards, G, shard)
-            ro = ro.select(keep)  # every per-row field (Rollout.select)
-            metrics.update(keep_metrics)
-            n_kept = ro.completion_ids.shape[0]
-            ro.shard = Shard(shard.rank, shard.world_size, shard.rank * n_kept)  # the kept rows, process-major
-        completion, comp_mask, rewards = ro.completion_ids, ro.completion_mask, ro.rewards
-        group_items, traj, shard = ro.items, ro.trajectory, ro.shard
+        return ro, metrics
+
+    def _keep_groups(self, ro: Rollout) -> tuple[Rollout, dict[str, float]]:
+        """DAPO's dynamic sampling: the ``1 / oversample`` share of this process's groups to train on,
+        groups whose rewards differ first (in the order drawn), then the others; every per-row field
+        follows (``Rollout.select``). Groups never span processes here."""
+        if self.cfg.oversample == 1:
+            return ro, {}
+        G, n, shard, over = ro.group_size, ro.rewards.shape[0], ro.shard, self.cfg.oversample
+        if n % (G * over):
+            raise ConfigError("rollout.oversample", over, f"each process's {n} rows must hold whole groups of {G}, "
+                              "oversample times")
+        spread = ro.rewards.float().view(-1, G).std(-1) > 1e-6  # (n / G,)
+        order = torch.cat([spread.nonzero()[:, 0], (~spread).nonzero()[:, 0]])[: n // G // over]
+        keep = (order.sort().values[:, None] * G + torch.arange(G)).reshape(-1)  # (n / oversample,)
+        stats = shard.all_reduce_sum(torch.tensor([float((~spread).sum()), float(spread.numel())], dtype=torch.float64))
+        kept = ro.select(keep)
+        kept.shard = Shard(shard.rank, shard.world_size, shard.rank * keep.shape[0])  # the kept rows, process-major
+        return kept, {"train/frac_zero_std_groups": float(stats[0] / stats[1]),  # of every group drawn
+                      "rollout/kept_zero_std_frac": float((~spread[order]).float().mean())}
+
+    def _advantages(self, ro: Rollout, rollout_id: int, t_score: float) -> tuple[Advantages, dict[str, float]]:
+        """The steps the objective trains on, every process's rewards (a group may span processes),
+        the per-token rewards and step values the estimator needs, and the advantages of the rows kept."""
+        metrics: dict[str, float] = {}
         steps = None
-        if traj is not None:
-            steps, step_metrics = self.objective.select_steps(traj, completion, comp_mask, eos, rollout_id, self.seed)
+        if ro.trajectory is not None:
+            steps, step_metrics = self.objective.select_steps(ro.trajectory, ro.completion_ids, ro.completion_mask,
+                                                              self.bundle.eos_token_id, rollout_id, self.seed)
             metrics.update(step_metrics)
-        rewards = rewards.to(device)
-        all_rewards = shard.gather(rewards)  # (N,): a group may span processes
+        rewards = ro.rewards.to(ro.prompt_ids.device)
+        all_rewards = ro.shard.gather(rewards)  # (N,)
         values = valid = token_rewards = None
         if self.advantage.needs_token_rewards:  # each token's own share of its completion's reward
-            token_rewards = shard.gather(self._per_token(completion, group_items, self.task.token_rewards, 0.0))
+            token_rewards = ro.shard.gather(self._per_token(ro.completion_ids, ro.items, self.task.token_rewards, 0.0))
         if self.advantage.needs_values:  # the one-step completions at the selected steps
-            assert traj is not None and steps is not None
-            one_step, one_step_rows = self._step_completions(traj, steps, completion)
-            one_step_rewards, _ = self.task.score(decode_completions(tok, one_step, eos),
-                                                  [group_items[b] for b in one_step_rows.tolist()])
-            valid = steps >= 0
-            step_values = rewards.float()[:, None].expand(steps.shape).clone()  # unused slots: V = r(x_0)
-            step_values[valid] = one_step_rewards.to(step_values)
-            values, valid = shard.gather(step_values), shard.gather(valid)
+            values, valid = self._step_values(ro, steps, rewards)
         metrics["time/score_s"] = time.perf_counter() - t_score
-        adv, adv_metrics = self.advantage(all_rewards, G, values, valid, token_rewards)
+        adv, adv_metrics = self.advantage(all_rewards, ro.group_size, values, valid, token_rewards)
         metrics.update(adv_metrics)
+        return Advantages(rewards, all_rewards, adv[ro.shard.rows(adv.shape[0])], steps), metrics
+
+    def _step_values(self, ro: Rollout, steps: torch.Tensor | None,
+                     rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every process's value of each selected step, the reward of its one-step completion (N, K),
+        and which slots are used (N, K); an unused slot holds the row's own reward."""
+        assert ro.trajectory is not None and steps is not None
+        one_step, one_step_rows = self._step_completions(ro.trajectory, steps, ro.completion_ids)
+        one_step_rewards, _ = self.task.score(decode_completions(self.bundle.tokenizer, one_step, self.bundle.eos_token_id),
+                                              [ro.items[b] for b in one_step_rows.tolist()])
+        valid = steps >= 0
+        step_values = rewards.float()[:, None].expand(steps.shape).clone()  # unused slots: V = r(x_0)
+        step_values[valid] = one_step_rewards.to(step_values)
+        return ro.shard.gather(step_values), ro.shard.gather(valid)
+
+    def _finish(self, ro: Rollout, adv: Advantages, draw: Draw, metrics: dict[str, float], t0: float) -> Rollout:
+        """The rollout's metrics (the reward, length and entropy of the rows kept; the sampler's cost of
+        every row drawn) and its fields that depend on the rows kept."""
+        shard, G, all_rewards = ro.shard, ro.group_size, adv.all_rewards
         t_roll = time.perf_counter() - t0
         group_std = all_rewards.view(-1, G).std(-1)
-        lengths = shard.gather(comp_mask.sum(-1))  # (N,)
-        ent = shard.all_reduce_sum(entropy)
+        lengths = shard.gather(ro.completion_mask.sum(-1))  # (N,)
+        ent = shard.all_reduce_sum(draw.entropy)
+        drawn = draw.completion.shape[0]  # this process's rows, before dynamic sampling kept some
         metrics.setdefault("train/frac_zero_std_groups", (group_std < 1e-6).float().mean().item())
         metrics.update({
             "train/reward": all_rewards.mean().item(),
@@ -207,28 +286,28 @@ class RolloutEngine:
             "train/completion_len": lengths.float().mean().item(),
             "train/entropy": float(ent[0] / ent[1].clamp_min(1)),
             "time/rollout_s": t_roll,
-            "throughput/tokens_per_s": generated / max(t_roll, 1e-9),
+            "throughput/tokens_per_s": draw.completion.numel() * shard.world_size / max(t_roll, 1e-9),
         })
-        metrics.update(cost_metrics(cost, n_generated, completion.shape[1]))
+        metrics.update(cost_metrics(draw.cost, drawn, ro.completion_ids.shape[1]))
         if shard.world_size > 1:  # per-process metrics of the rewards, selection and cost: mean over equal shares
             keys = [k for k in metrics if k.startswith(("egspo/", "igpo/", "rollout/", "reward/"))]
-            vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device))
+            vals = shard.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64,
+                                                     device=ro.prompt_ids.device))
             metrics.update(zip(keys, (vals / shard.world_size).tolist()))
-        return replace(
-            ro, rewards=rewards, all_rewards=all_rewards, advantages=adv[shard.rows(adv.shape[0])],
-            selected_steps=steps, metrics=metrics, tree=None if ro.tree is None else ro.tree.score(rewards),
-            loss_mask=(self._per_token(completion, group_items, self.task.reward_token_mask, 1.0)
-                       if self.task.cfg.loss_mask == "reward" else None),
-        )
+        loss_mask = (self._per_token(ro.completion_ids, ro.items, self.task.reward_token_mask, 1.0)
+                     if self.task.cfg.loss_mask == "reward" else None)
+        return replace(ro, rewards=adv.rewards, all_rewards=all_rewards, advantages=adv.advantages,
+                       selected_steps=adv.selected_steps, metrics=metrics, loss_mask=loss_mask,
+                       tree=None if ro.tree is None else ro.tree.score(adv.rewards))
 
     def _score(self, completion: torch.Tensor, texts: list[str],
                items: list[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The task's rewards of decoded completions (n,) and their components; ``truncated_reward`` for a
         completion with no EOS."""
         rewards, components = self.task.score(texts, items)
-        if self.truncated_reward is not None:  # no EOS: the completion ran out of canvas
+        if self.cfg.truncated_reward is not None:  # no EOS: the completion ran out of canvas
             cut = ~(completion == self.bundle.eos_token_id).any(-1).to(rewards.device)  # (n,)
-            rewards = torch.where(cut, torch.tensor(self.truncated_reward, dtype=rewards.dtype, device=rewards.device),
+            rewards = torch.where(cut, torch.tensor(self.cfg.truncated_reward, dtype=rewards.dtype, device=rewards.device),
                                   rewards)
         return rewards, components
 
@@ -236,7 +315,7 @@ class RolloutEngine:
                rollout_id: int) -> RolloutTools:
         """The sampler, decoder and rewards of this rollout for the objective's hook (``revise_rollout``);
         a resample of rows ``first ..`` draws its own noise (``_RESAMPLE_SALT``), keyed by global row."""
-        def sample(first: int, canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def resample(first: int, canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             rows = slice(first, first + canvas.shape[0])
             completion, logp, _, _ = self._generate(behaviour, ids[rows], mask[rows], offset + first, rollout_id, None,
                                                     canvas.to(ids.device), salt=_RESAMPLE_SALT)
@@ -244,23 +323,9 @@ class RolloutEngine:
 
         eos = self.bundle.eos_token_id
         return RolloutTools(task=self.task, tokenizer=self.bundle.tokenizer, mask_id=self.bundle.mask_token_id,
-                            eos_id=eos, run_seed=self.seed, sample=sample,
+                            eos_id=eos, run_seed=self.seed, sample=resample,
                             decode=lambda comp: decode_completions(self.bundle.tokenizer, comp, eos),
                             score=self._score, behaviour=logits_fn(behaviour))
-
-    def _keep_groups(self, rewards: torch.Tensor, G: int, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
-        """Rows of the ``1 / oversample`` share of this process's groups to train on: groups whose
-        rewards differ first (in the order drawn), then the others. Groups never span processes here."""
-        n = rewards.shape[0]
-        if n % (G * self.oversample):
-            raise ConfigError("rollout.oversample", self.oversample,
-                              f"each process's {n} rows must hold whole groups of {G}, oversample times")
-        spread = rewards.float().view(-1, G).std(-1) > 1e-6  # (n / G,)
-        order = torch.cat([spread.nonzero()[:, 0], (~spread).nonzero()[:, 0]])[: n // G // self.oversample]
-        keep = (order.sort().values[:, None] * G + torch.arange(G)).reshape(-1)  # (n / oversample,)
-        stats = shard.all_reduce_sum(torch.tensor([float((~spread).sum()), float(spread.numel())], dtype=torch.float64))
-        return keep, {"train/frac_zero_std_groups": float(stats[0] / stats[1]),  # of every group drawn
-                      "rollout/kept_zero_std_frac": float((~spread[order]).float().mean())}
 
     def _per_token(self, completion: torch.Tensor, items: list[dict[str, Any]], fn, default: float) -> torch.Tensor:
         """(n, L) float of a task's per-token function of the decoded tokens (``reward_token_mask``,
@@ -278,8 +343,8 @@ class RolloutEngine:
                   canvas: torch.Tensor | None = None,
                   salt: int = _GUMBEL_SALT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions (n, L), the sampler's log-prob of each of their tokens (n, L), ``[entropy sum,
-        committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled
-        tokens]`` (4,) float64 summed over this process's rows."""
+        committed tokens]`` (2,) float64 and the cost ``[forwards, forward tokens, steps, filled tokens,
+        edited tokens]`` (5,) float64 summed over this process's rows."""
         was_training = net.training
         net.eval()
         n = ids.shape[0]
@@ -291,19 +356,12 @@ class RolloutEngine:
         for s in range(0, n, size):
             # each row keyed by its global row: the same rows draw the same noise in any chunks, on any number of processes
             noise = RowNoise.rows(key, offset + s, ids[s:s + size].shape[0])
-            out = policy_generate(net, self.bundle.block_size, ids[s:s + size], mask[s:s + size], self.sampler,
-                                  self.bundle.mask_token_id, noise, recorder, eos_id=self.bundle.eos_token_id,
-                                  canvas=None if canvas is None else canvas[s:s + size])
+            out = sample(self.bundle, ids[s:s + size], mask[s:s + size], self.sampler, noise, recorder, net=net,
+                         canvas=None if canvas is None else canvas[s:s + size])
             parts.append(out.completion)
-            assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
-            logps.append(out.token_logp)
-            ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
-            rows = out.completion.shape[0]
-            cost += rows * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled, out.edited],
-                                        dtype=torch.float64, device=ids.device)
+            logps.append(tally(out, ent, cost))
         net.train(was_training)
         return torch.cat(parts), torch.cat(logps), ent, cost
-
 
     def _grow(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
               canvas: torch.Tensor | None, G: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Tree]:
@@ -311,7 +369,7 @@ class RolloutEngine:
         are those of the nodes on its path (each position is committed at one of them); the cost
         counts every node's sampler calls, per leaf."""
         if offset % G or ids.shape[0] % G:
-            raise ConfigError("rollout.tree.branches", self.tree.branches,
+            raise ConfigError("rollout.tree.branches", self.cfg.tree.branches,
                               f"each process must hold whole trees of {G} leaves (task.prompts_per_batch per process)")
         was_training = net.training
         net.eval()
@@ -319,9 +377,9 @@ class RolloutEngine:
 
         def grow(p: torch.Tensor, m: torch.Tensor, c: torch.Tensor, noise: RowNoise, a: int, b: int) -> SampleOutput:
             step = size or p.shape[0]
-            outs = [policy_generate(net, 0, p[s:s + step], m[s:s + step], self.sampler, mask_id,
-                                    RowNoise(noise.seeds[s:s + step]), eos_id=self.bundle.eos_token_id,
-                                    canvas=c[s:s + step], start_step=a, stop_step=b)
+            # a tree runs the masked-diffusion sampler: check_tree refused a block model
+            outs = [sample(self.bundle, p[s:s + step], m[s:s + step], self.sampler, RowNoise(noise.seeds[s:s + step]),
+                           net=net, canvas=c[s:s + step], start_step=a, stop_step=b)
                     for s in range(0, p.shape[0], step)]
             return merge_outputs(outs)
 
@@ -329,7 +387,7 @@ class RolloutEngine:
         if canvas is not None:
             start = canvas.to(ids)
         key = mix_seed(self.seed, rollout_id, _GUMBEL_SALT)
-        tree, outs = grow_trees(self.tree, self.sampler.steps, ids, mask, start, grow, key, offset // G)
+        tree, outs = grow_trees(self.cfg.tree, self.sampler.steps, ids, mask, start, grow, key, offset // G)
         ent = torch.zeros(2, dtype=torch.float64, device=ids.device)
         cost = torch.zeros(5, dtype=torch.float64, device=ids.device)
         logp = []  # (nodes at depth d, L) each level's own committed tokens
@@ -337,11 +395,7 @@ class RolloutEngine:
             if out is None:  # roots that are the start canvas: nothing committed
                 logp.append(torch.zeros(int((tree.depth == d).sum()), start.shape[1], device=ids.device))
                 continue
-            assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
-            ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
-            cost += out.completion.shape[0] * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled,
-                                                            out.edited], dtype=torch.float64, device=ids.device)
-            logp.append(out.token_logp)
+            logp.append(tally(out, ent, cost))
         node_logp = torch.cat(logp)  # (M, L) each node's own committed tokens
         for d in range(1, int(tree.depth.max()) + 1):  # a node's path: its parent's path and its own
             at = (tree.depth == d).nonzero()[:, 0]
@@ -384,6 +438,17 @@ def merge_outputs(outs: list[SampleOutput]) -> SampleOutput:
     return SampleOutput(cat("sequences"), cat("completion"), cat("entropy_sum"), cat("num_committed"),
                         cat("token_logp"), round(mean("forwards")), round(mean("forward_tokens")),
                         round(mean("steps")), mean("filled"), mean("edited"))
+
+
+def tally(out: SampleOutput, ent: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+    """Add one sampler call's ``[entropy sum, committed tokens]`` to ``ent`` (2,) and its cost
+    ``[forwards, forward tokens, steps, filled, edited]``, per row times its rows, to ``cost`` (5,), in
+    place. -> the sampler's log-prob of each token it committed (rows, L)"""
+    assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
+    ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
+    cost += out.completion.shape[0] * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled,
+                                                    out.edited], dtype=torch.float64, device=cost.device)
+    return out.token_logp
 
 
 def cost_metrics(cost: torch.Tensor, rows: int, gen_length: int) -> dict[str, float]:

@@ -31,11 +31,13 @@ Run ``python benchmarks/block.py`` for the speed of the cache against recomputin
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from functools import partial
+
 import torch
 from torch import nn
 
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.sampling.noise import RowNoise
 from diffusion_rl.sampling.sampler import (
     CommitStats,
@@ -46,8 +48,8 @@ from diffusion_rl.sampling.sampler import (
     denoise_step,
     eos_scale_at,
     fill_after,
-    generate,
     gumbel_argmax,
+    gumbel_dtype,
     mark_ended,
     start_canvas,
 )
@@ -112,13 +114,7 @@ def block_generate(
     EOS too), ``canvas`` (pinned tokens) and ``noise`` (per-row random
     numbers) work as in the masked-diffusion sampler.
     """
-    check_block_sampler(cfg, block_size)
-    if cfg.editing_threshold is not None and recorder is not None:
-        raise ConfigError("sampler.editing_threshold", cfg.editing_threshold,
-                          "must be null for an objective that trains on the recorded trajectory (an edited token has "
-                          "no single unmasking step)")
-    if (cfg.stop_after_eos or cfg.eoser) and eos_id is None:
-        raise ValueError("sampler.stop_after_eos and EOSER need the EOS id")
+    _check_call(cfg, block_size, recorder, eos_id)
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     prompt_ids, keep_prompt, pad = align_prompt(prompt_ids, prompt_mask, block_size, mask_id)  # pads: never attended
@@ -126,7 +122,6 @@ def block_generate(
     n_steps = cfg.steps // (L // bs)
     x = torch.cat([prompt_ids, start_canvas(canvas, B, L, mask_id, prompt_ids)], 1)  # (B, T)
     keep = torch.cat([keep_prompt.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)  # (B, T)
-    gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
     stats = CommitStats(B, P + L, device)
     cache = None
     if use_cache and P > 0:  # prefill: the prompt's blocks
@@ -137,27 +132,10 @@ def block_generate(
     for start in range(P, P + L, bs):
         end = start + bs
         live = ended_at > start  # (B,) the rows still decoding
-        for k in block_schedule(cfg, x[:, start:end], mask_id, n_steps, live):  # a view: sees the commits
-            blk = x[:, start:end]  # (B, bs)
-            logits = _block_logits(net, x, keep, cache, start, end, use_cache, stats)  # (B, bs, V)
-            cand, commit = denoise_step(logits, (blk == mask_id) & live[:, None], k, cfg, noise, gdtype,
-                                        eos_scale_at(cfg, eos_id, step))  # (B, bs)
-            stats.add(logits, commit, cand, start)
-            if recorder is not None:
-                _record(recorder, step, x, logits, cand, commit, start)
-            edit = edits(logits, cand, blk, live, mask_id, cfg)  # (B, bs) decoded tokens replaced (editing on)
-            stats.edit(logits, edit, cand, start)
-            x[:, start:end] = torch.where(commit | edit, cand, blk)
-            step += 1
-        for _ in range(cfg.max_post_steps if cfg.editing_threshold is not None else 0):  # the full block, revised
-            blk = x[:, start:end]
-            logits = _block_logits(net, x, keep, cache, start, end, use_cache, stats)
-            cand = gumbel_argmax(logits, cfg.temperature, noise, gdtype, live)
-            edit = edits(logits, cand, blk, live, mask_id, cfg)
-            if not bool(edit.any()):
-                break
-            stats.edit(logits, edit, cand, start)
-            x[:, start:end] = torch.where(edit, cand, blk)
+        logits_of = partial(_block_logits, net, x, keep, cache, start, end, use_cache, stats)  # (B, bs, V)
+        counts = block_schedule(cfg, x[:, start:end], mask_id, n_steps, live)  # a view: sees the commits
+        step = _fill_block(x, logits_of, counts, start, end, step, live, cfg, mask_id, noise, eos_id, stats, recorder)
+        _revise_block(x, logits_of, start, end, live, cfg, mask_id, noise, stats)
         if cfg.stop_after_eos and end < P + L and mark_ended(x, P, end, eos_id, mask_id, ended_at):  # type: ignore[arg-type]
             break
         if use_cache and end < P + L:  # the finished block is clean context from now on
@@ -167,6 +145,53 @@ def block_generate(
     if cfg.stop_after_eos:
         x = fill_after(x, ended_at, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
     return stats.finish(x[:, pad:], x[:, P:])
+
+
+def _check_call(cfg: SamplerConfig, block_size: int, recorder: StepRecorder | None, eos_id: int | None) -> None:
+    """Fail in one line when :func:`block_generate` cannot run this sampler, recorder and EOS id."""
+    check_block_sampler(cfg, block_size)
+    if cfg.editing_threshold is not None and recorder is not None:
+        raise ConfigError("sampler.editing_threshold", cfg.editing_threshold,
+                          "must be null for an objective that trains on the recorded trajectory (an edited token has "
+                          "no single unmasking step)")
+    if (cfg.stop_after_eos or cfg.eoser) and eos_id is None:
+        raise ValueError("sampler.stop_after_eos and EOSER need the EOS id")
+
+
+def _fill_block(x: torch.Tensor, logits_of: Callable[[], torch.Tensor], counts: Iterator[torch.Tensor | None],
+                start: int, end: int, step: int, live: torch.Tensor, cfg: SamplerConfig, mask_id: int,
+                noise: RowNoise | None, eos_id: int | None, stats: CommitStats, recorder: StepRecorder | None) -> int:
+    """The denoising steps of the current block ``x[:, start:end]`` (``counts``: each step's commit
+    counts), committed (and, with editing on, edited) in place in ``x`` (B, T). -> the next global step"""
+    gdtype = gumbel_dtype(cfg)
+    for k in counts:
+        blk = x[:, start:end]  # (B, bs)
+        logits = logits_of()  # (B, bs, V)
+        cand, commit = denoise_step(logits, (blk == mask_id) & live[:, None], k, cfg, noise, gdtype,
+                                    eos_scale_at(cfg, eos_id, step))  # (B, bs)
+        stats.add(logits, commit, cand, start)
+        if recorder is not None:
+            _record(recorder, step, x, logits, cand, commit, start)
+        edit = edits(logits, cand, blk, live, mask_id, cfg)  # (B, bs) decoded tokens replaced (editing on)
+        stats.edit(logits, edit, cand, start)
+        x[:, start:end] = torch.where(commit | edit, cand, blk)
+        step += 1
+    return step
+
+
+def _revise_block(x: torch.Tensor, logits_of: Callable[[], torch.Tensor], start: int, end: int, live: torch.Tensor,
+                  cfg: SamplerConfig, mask_id: int, noise: RowNoise | None, stats: CommitStats) -> None:
+    """Token editing's passes over the full block (``sampler.max_post_steps``, while they change a
+    token), in place in ``x``; none with editing off."""
+    for _ in range(cfg.max_post_steps if cfg.editing_threshold is not None else 0):
+        blk = x[:, start:end]
+        logits = logits_of()
+        cand = gumbel_argmax(logits, cfg.temperature, noise, gumbel_dtype(cfg), live)
+        edit = edits(logits, cand, blk, live, mask_id, cfg)
+        if not bool(edit.any()):
+            break
+        stats.edit(logits, edit, cand, start)
+        x[:, start:end] = torch.where(edit, cand, blk)
 
 
 def _block_logits(net: nn.Module, x: torch.Tensor, keep: torch.Tensor, cache, start: int, end: int,
@@ -203,24 +228,3 @@ def _record(recorder: StepRecorder, step: int, x: torch.Tensor, logits: torch.Te
     full_commit = torch.zeros_like(x, dtype=torch.bool)
     full_commit[:, start:end] = commit
     recorder.on_step(step, x.clone(), full_logits, full_cand, full_commit)
-
-
-def policy_generate(net: nn.Module, block_size: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
-                    cfg: SamplerConfig, mask_id: int, noise: RowNoise | None = None,
-                    recorder: StepRecorder | None = None, eos_id: int | None = None,
-                    canvas: torch.Tensor | None = None, start_step: int = 0,
-                    stop_step: int | None = None) -> SampleOutput:
-    """The sampler a network needs: block diffusion for a block model (``block_size > 0``), with the
-    key/value cache where the network supports it, else the masked-diffusion sampler (with
-    ``sampler.cache`` on ``net``). ``start_step`` / ``stop_step``: a part of the masked-diffusion
-    sampler's schedule (:func:`~diffusion_rl.sampling.sampler.generate`; tree rollouts)."""
-    if block_size > 0 and (start_step, stop_step) != (0, None):
-        raise ValueError("a part of the schedule (start_step / stop_step) runs in the masked-diffusion sampler only")
-    if cfg.editing_threshold is not None and block_size == 0:
-        raise ConfigError("sampler.editing_threshold", cfg.editing_threshold,
-                          "token editing runs in the block sampler: it needs a block model (model.block_size > 0)")
-    if block_size > 0:
-        return block_generate(net, prompt_ids, prompt_mask, cfg, block_size, mask_id, noise, recorder,
-                              use_cache=getattr(net, "supports_kv_cache", False), eos_id=eos_id, canvas=canvas)
-    return generate(logits_fn(net), prompt_ids, prompt_mask, cfg, mask_id, noise, recorder, net=net, eos_id=eos_id,
-                    canvas=canvas, start_step=start_step, stop_step=stop_step)

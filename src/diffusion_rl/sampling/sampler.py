@@ -64,8 +64,8 @@ import torch
 from torch import nn
 
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.models.policy import Forward
-from diffusion_rl.sampling.cache import step_logits
+from diffusion_rl.models.policy import Forward, PolicyForward
+from diffusion_rl.sampling.cache import StepLogits, step_logits
 from diffusion_rl.sampling.noise import RowNoise, uniform
 
 DECODES = ("fixed", "threshold", "factor")
@@ -475,32 +475,19 @@ def generate(
     gives the uninterrupted run's tokens (tests/unit/rl/test_dtreerpo.py).
     """
     B, P = prompt_ids.shape
-    device = prompt_ids.device
     L, bl = cfg.gen_length, cfg.block_length
     if (cfg.stop_after_eos or cfg.eoser) and eos_id is None:
         raise ValueError("sampler.stop_after_eos and EOSER need the EOS id")
+    stop, spb, fixed = schedule_part(cfg, start_step, stop_step), cfg.steps_per_block, cfg.decode == "fixed"
     x = torch.cat([prompt_ids, start_canvas(canvas, B, L, mask_id, prompt_ids)], 1)  # (B, T)
-    attn = None
-    if prompt_mask is not None and not bool(prompt_mask.all()):
-        attn = torch.cat([prompt_mask.long(), torch.ones(B, L, dtype=torch.long, device=device)], 1)
-    gdtype = torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
-    stats = CommitStats(B, P + L, device)
+    attn = completion_attention(prompt_mask, L)  # (B, T) | None
+    stats = CommitStats(B, P + L, prompt_ids.device)
     full = lambda ids, keep: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id, keep)  # noqa: E731
     source = step_logits(cfg.cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
                          cfg.cache_refresh, keep_full=recorder is not None)
-    fixed = cfg.decode == "fixed"
-    stop = (cfg.steps if stop_step is None else stop_step) if fixed else torch.iinfo(torch.int64).max
-    spb = cfg.steps_per_block
-    if (start_step, stop_step) != (0, None):
-        if not fixed:
-            raise ValueError(f"start_step / stop_step need sampler.decode=fixed, not {cfg.decode}")
-        if not 0 <= start_step <= stop <= cfg.steps:
-            raise ValueError(f"steps {start_step} .. {stop} must lie in 0 .. sampler.steps={cfg.steps}")
-    ended_at = torch.full((B,), P + L, dtype=torch.long, device=device)  # stop_after_eos: where a row ended
-    all_ended = False
-    for b in range(start_step // spb if cfg.stop_after_eos else 0):  # the block ends already passed, in order
-        end = P + (b + 1) * bl
-        all_ended = end < P + L and mark_ended(x, P, end, eos_id, mask_id, ended_at)  # type: ignore[arg-type]
+    ended_at = torch.full((B,), P + L, dtype=torch.long, device=x.device)  # stop_after_eos: where a row ended
+    # resumed in a later block: the rows that ended at the block ends already passed
+    all_ended = cfg.stop_after_eos and _ended_before(x, P, bl, start_step // spb, eos_id, mask_id, ended_at)  # type: ignore[arg-type]
     step = start_step
     for b in range(start_step // spb, cfg.num_blocks):
         if all_ended or step >= stop:
@@ -508,24 +495,74 @@ def generate(
         start, end = P + b * bl, P + (b + 1) * bl
         live = ended_at > start  # (B,) the rows still decoding
         left = (b + 1) * spb - step if fixed else spb  # this block's steps not yet taken (all unless resumed in it)
-        for i, k in enumerate(block_schedule(cfg, x[:, start:end], mask_id, left, live)):
-            if step >= stop:
-                break
-            off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R, the block inside
-            blk = logits[:, start - off:end - off]  # (B, bl, V): candidates, confidences and noise only here
-            cand, commit = denoise_step(blk, (x[:, start:end] == mask_id) & live[:, None], k, cfg, noise, gdtype,
-                                        eos_scale_at(cfg, eos_id, step))
-            stats.add(blk, commit, cand, start)
-            if recorder is not None:
-                recorder.on_step(step, x.clone(), *source.widen(x, logits, off, start, cand, commit))
-            x[:, start:end] = torch.where(commit, cand, x[:, start:end])
-            step += 1
+        counts = block_schedule(cfg, x[:, start:end], mask_id, left, live)  # a view: sees the commits
+        step = _denoise_block(x, source, counts, start, end, step, stop, live, cfg, mask_id, noise, eos_id, stats,
+                              recorder)
         block_done = not fixed or step == (b + 1) * spb
         if cfg.stop_after_eos and block_done and end < P + L:
             all_ended = mark_ended(x, P, end, eos_id, mask_id, ended_at)  # type: ignore[arg-type]
     if cfg.stop_after_eos and (not fixed or stop == cfg.steps):  # a stopped state stays masked: its continuation fills it
         x = fill_after(x, ended_at, eos_id, mask_id, stats, recorder)  # type: ignore[arg-type]
     return stats.finish(x, x[:, P:])
+
+
+def schedule_part(cfg: SamplerConfig, start_step: int, stop_step: int | None) -> int:
+    """The step :func:`generate` stops before: ``stop_step`` (None: ``sampler.steps``) with
+    ``decode=fixed``, no limit otherwise; a part of the schedule needs ``decode=fixed`` and
+    ``0 <= start_step <= stop_step <= sampler.steps``."""
+    fixed = cfg.decode == "fixed"
+    stop = (cfg.steps if stop_step is None else stop_step) if fixed else torch.iinfo(torch.int64).max
+    if (start_step, stop_step) != (0, None):
+        if not fixed:
+            raise ValueError(f"start_step / stop_step need sampler.decode=fixed, not {cfg.decode}")
+        if not 0 <= start_step <= stop <= cfg.steps:
+            raise ValueError(f"steps {start_step} .. {stop} must lie in 0 .. sampler.steps={cfg.steps}")
+    return stop
+
+
+def completion_attention(prompt_mask: torch.Tensor | None, gen_length: int) -> torch.Tensor | None:
+    """(B, P + L) attention mask of a left-padded prompt and its completion; None when no prompt
+    position is padding (the model then attends everywhere)."""
+    if prompt_mask is None or bool(prompt_mask.all()):
+        return None
+    ones = torch.ones(prompt_mask.shape[0], gen_length, dtype=torch.long, device=prompt_mask.device)
+    return torch.cat([prompt_mask.long(), ones], 1)
+
+
+def _ended_before(x: torch.Tensor, start: int, bl: int, blocks: int, eos_id: int, mask_id: int,
+                  ended_at: torch.Tensor) -> bool:
+    """``stop_after_eos``: mark the rows ended at the ends of the first ``blocks`` blocks of the
+    completion starting at ``start`` (in order, as the uninterrupted run did). -> whether all have ended"""
+    ended = False
+    for b in range(blocks):
+        end = start + (b + 1) * bl
+        ended = end < x.shape[1] and mark_ended(x, start, end, eos_id, mask_id, ended_at)
+    return ended
+
+
+def gumbel_dtype(cfg: SamplerConfig) -> torch.dtype:
+    return torch.float64 if cfg.gumbel_dtype == "float64" else torch.float32
+
+
+def _denoise_block(x: torch.Tensor, source: StepLogits, counts: Iterator[torch.Tensor | None], start: int, end: int, step: int,
+                   stop: int, live: torch.Tensor, cfg: SamplerConfig, mask_id: int, noise: RowNoise | None,
+                   eos_id: int | None, stats: CommitStats, recorder: StepRecorder | None) -> int:
+    """The denoising steps of the block ``x[:, start:end]`` (``counts``: each step's commit counts),
+    committed in place in ``x`` (B, T), up to the global step ``stop``. -> the next global step"""
+    gdtype = gumbel_dtype(cfg)
+    for i, k in enumerate(counts):
+        if step >= stop:
+            break
+        off, logits = source(x, start, end, i)  # (B, R, V) over positions off .. off + R, the block inside
+        blk = logits[:, start - off:end - off]  # (B, bl, V): candidates, confidences and noise only here
+        cand, commit = denoise_step(blk, (x[:, start:end] == mask_id) & live[:, None], k, cfg, noise, gdtype,
+                                    eos_scale_at(cfg, eos_id, step))
+        stats.add(blk, commit, cand, start)
+        if recorder is not None:
+            recorder.on_step(step, x.clone(), *source.widen(x, logits, off, start, cand, commit))
+        x[:, start:end] = torch.where(commit, cand, x[:, start:end])
+        step += 1
+    return step
 
 
 def start_canvas(canvas: torch.Tensor | None, batch: int, length: int, mask_id: int, like: torch.Tensor) -> torch.Tensor:
@@ -557,7 +594,7 @@ def logits_at(forward: Forward, ids: torch.Tensor, attn: torch.Tensor | None, ke
     (``models/policy.py: PolicyForward``), a plain callable is sliced. -> (B, R, V)"""
     if keep is None:
         return forward(ids, attn)
-    if hasattr(forward, "token_logps"):  # a PolicyForward: its head runs at ``keep`` only
+    if isinstance(forward, PolicyForward):  # its head runs at ``keep`` only
         return forward(ids, attn, keep=keep)
     return forward(ids, attn)[:, keep]
 

@@ -26,8 +26,7 @@ from tqdm.auto import tqdm
 
 from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.models.policy import PolicyBundle, decode_completions, encode_prompts
-from diffusion_rl.sampling import RowNoise, SamplerConfig
-from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from diffusion_rl.training.strategy import gathered
 
 _EVAL_SALT = 0xE7A1
@@ -52,9 +51,8 @@ def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerCon
         for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
             ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
             noise = RowNoise([mix_seed(_EVAL_SALT, r) for r in rows[s : s + batch_size]])
-            res = policy_generate(net, bundle.block_size, ids, mask, sampler, bundle.mask_token_id, noise,
-                                  eos_id=bundle.eos_token_id,
-                                  canvas=None if canvas is None else canvas[s : s + batch_size].to(device))
+            res = sample(bundle, ids, mask, sampler, noise,
+                         canvas=None if canvas is None else canvas[s : s + batch_size].to(device))
             out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
     net.train(was_training)
     return out

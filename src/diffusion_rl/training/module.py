@@ -47,8 +47,7 @@ from diffusion_rl.models.policy import PolicyBundle, dropout_disabled, logits_fn
 from diffusion_rl.rl.advantages import AdvantageEstimator
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import Objective, StepContext
-from diffusion_rl.rl.rollout import RolloutEngine
-from diffusion_rl.rl.tree import TreeConfig
+from diffusion_rl.rl.rollout import RolloutConfig, RolloutEngine
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
 from diffusion_rl.training.checkpoint import RUN_KEY, rng_state, set_rng_state
@@ -100,7 +99,7 @@ class DiffusionRLModule(L.LightningModule):
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
                  sampler: SamplerConfig, optim: OptimConfig, seed: int = 0, old_policy: str = "copy",
-                 oversample: int = 1, truncated_reward: float | None = None, tree: TreeConfig | None = None):
+                 rollout: RolloutConfig | None = None):
         super().__init__()
         optim.validate()
         sampler.validate()
@@ -116,8 +115,7 @@ class DiffusionRLModule(L.LightningModule):
                               f"must be 0 with objective {objective.cfg.name} (its trajectory is recorded in one sampler call)")
         self.bundle, self.task, self.objective = bundle, task, objective
         self.sampler_cfg, self.optim_cfg, self.seed = sampler, optim, seed
-        self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, seed, oversample, truncated_reward,
-                                      tree)
+        self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, rollout, seed)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
         # a ratio-free objective that scores no behaviour policy needs no frozen copy of it: the

@@ -23,8 +23,7 @@ from diffusion_rl.likelihood.stepwise import stepwise_logps
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.heads import token_logps_chunked
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, encode_prompts, logits_fn
-from diffusion_rl.sampling import RowNoise, SamplerConfig
-from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from tests.helpers.released_layouts import BLOCK_SIZE, write_checkpoint
 from tests.helpers.tiny_hf import save_tiny_hf
 
@@ -153,7 +152,6 @@ def test_sampler_tokens_do_not_depend_on_where_the_head_runs(bundles, family, te
             out.logits = out.logits if keep is None else out.logits[:, keep]
             return out
 
-    outs = [policy_generate(n, bundle.block_size, ids, mask, cfg, bundle.mask_token_id,
-                            RowNoise.rows(5, 0, ids.shape[0]), eos_id=bundle.eos_token_id).completion
+    outs = [sample(bundle, ids, mask, cfg, RowNoise.rows(5, 0, ids.shape[0]), net=n).completion
             for n in (net, SlicesFullLogits(net))]
     assert torch.equal(outs[0], outs[1])

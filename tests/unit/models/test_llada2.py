@@ -295,13 +295,15 @@ def test_editing_off_or_never_confident_enough_changes_no_token(ckpt):
 
 
 def test_editing_is_refused_where_it_cannot_run(ckpt, tmp_path):
-    from diffusion_rl.sampling.block import policy_generate
+    from dataclasses import replace
+
+    from diffusion_rl.sampling import sample
 
     _, _, _, bundle = ckpt
     ids = torch.randint(0, 90, (1, BS), generator=torch.Generator().manual_seed(1))
     cfg = SamplerConfig(gen_length=BS, steps=BS, editing_threshold=0.5)
     with pytest.raises(ConfigError, match="sampler.editing_threshold"):  # not a block model
-        policy_generate(bundle.net, 0, ids, None, cfg, bundle.mask_token_id)
+        sample(replace(bundle, block_size=0), ids, None, cfg)
     with pytest.raises(ConfigError, match="sampler.editing_threshold"):
         SamplerConfig(editing_threshold=1.5).validate()
     cfg_train = compose_cfg(["objective=tracerl", "sampler.editing_threshold=0.5"], tmp_path)

@@ -20,8 +20,7 @@ from diffusion_rl.core.config import from_dict
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, encode_prompts
-from diffusion_rl.sampling import RowNoise, SamplerConfig
-from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from tests.helpers.common import compose_cfg
 from tests.helpers.released_layouts import (
     BLOCK_SIZE,
@@ -98,8 +97,7 @@ def test_preset_loads_the_released_files_and_rolls_out(folders, preset, tmp_path
         assert logits.shape == (*ids.shape, released["vocab_size"]) and torch.isfinite(logits).all()
         gen = max(8, b.block_size)  # a whole number of the model's blocks
         cfg = SamplerConfig(gen_length=gen, block_length=b.block_size or 4, steps=4, temperature=0.0)
-        out = policy_generate(net, b.block_size, ids, mask, cfg, b.mask_token_id, RowNoise.rows(0, 0, 2),
-                              eos_id=b.eos_token_id)
+        out = sample(b, ids, mask, cfg, RowNoise.rows(0, 0, 2), net=net)
     assert out.completion.shape == (2, gen) and not (out.completion == b.mask_token_id).any()
 
 

@@ -16,8 +16,8 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.staircase import staircase_logits, staircase_mask
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, logits_fn
-from diffusion_rl.sampling import RowNoise, SamplerConfig
-from diffusion_rl.sampling.block import block_generate, policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
+from diffusion_rl.sampling.block import block_generate
 from tests.helpers.common import compose_cfg
 from tests.helpers.reference_models import (
     checkpoint_tensors,
@@ -88,9 +88,8 @@ def test_block_sampler_with_the_cache_gives_the_tokens_without_it(ckpt, temperat
     outs = [block_generate(bundle.net, ids, keep, scfg, bundle.block_size, bundle.mask_token_id,
                            RowNoise.rows(0, 0, ids.shape[0]), use_cache=c).sequences for c in (True, False)]
     assert torch.equal(outs[0], outs[1])
-    assert bundle.net.supports_kv_cache  # so policy_generate (rollouts, evaluation) takes the cached path
-    auto = policy_generate(bundle.net, bundle.block_size, ids, keep, scfg, bundle.mask_token_id,
-                           RowNoise.rows(0, 0, ids.shape[0]))
+    assert bundle.net.supports_kv_cache  # so sample (rollouts, evaluation) takes the cached path
+    auto = sample(bundle, ids, keep, scfg, RowNoise.rows(0, 0, ids.shape[0]))
     assert torch.equal(auto.sequences, outs[0])
 
 

@@ -251,7 +251,7 @@ def tree_rollout(tmp_path_factory):
     torch.manual_seed(0)
     for p in c.bundle.net.parameters():  # a policy that is not the warm start: nonzero KL and ratios
         p.data.add_(0.02 * torch.randn_like(p))
-    eng = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3, tree=c.run.rollout.tree)
+    eng = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.run.rollout, seed=3)
     ro = eng(c.task.train_items()[:3], c.bundle.net, 0)
     return c, ro
 
@@ -315,7 +315,7 @@ def test_objective_equals_the_public_loss_on_real_rollouts(tree_rollout):
 def test_grpo_trains_on_tree_leaves(tmp_path):
     cfg = compose_cfg(["objective=grpo", "rollout.tree.branches=[2,2]"], tmp_path)
     c = build(cfg)
-    eng = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=1, tree=c.run.rollout.tree)
+    eng = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.run.rollout, seed=1)
     ro = eng(c.task.train_items()[:2], c.bundle.net, 0)
     assert ro.group_size == 4 and ro.advantages.view(2, 4).sum(-1).abs().max() < 1e-5  # the group over leaves
     pol = logits_fn(c.bundle.net)

@@ -22,7 +22,7 @@ from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import StepContext
 from diffusion_rl.rl.objectives.egspo import EGSPO, EGSPOConfig
 from diffusion_rl.rl.objectives.egspo_sa import EGSPOSA, EGSPOSAConfig
-from diffusion_rl.rl.rollout import RolloutEngine
+from diffusion_rl.rl.rollout import RolloutConfig, RolloutEngine
 from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 from tests.helpers.common import compose_cfg
@@ -34,7 +34,7 @@ def engine_of(c, oversample=1, advantage=None):
     if advantage is not None:
         cls = ADVANTAGES.get(advantage)
         adv = cls(cls.config_class())
-    return RolloutEngine(c.bundle, c.task, c.objective, adv, c.sampler, seed=3, oversample=oversample)
+    return RolloutEngine(c.bundle, c.task, c.objective, adv, c.sampler, RolloutConfig(oversample=oversample), seed=3)
 
 
 def test_loss_mask_gives_given_cells_no_gradient(tmp_path):

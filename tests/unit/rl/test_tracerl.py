@@ -574,7 +574,7 @@ def test_zscore_hand_computed_and_zero_std():
 
 def test_truncated_completions_can_be_scored_as_wrong(tmp_path):
     from diffusion_rl.app.train import build
-    from diffusion_rl.rl.rollout import RolloutEngine
+    from diffusion_rl.rl.rollout import RolloutConfig, RolloutEngine
 
     c = build(compose_cfg(["objective=tracerl", "sampler.gen_length=24", "sampler.block_length=24"], tmp_path))
     items = c.task.splits.train[:2]
@@ -585,7 +585,7 @@ def test_truncated_completions_can_be_scored_as_wrong(tmp_path):
             break
     else:
         pytest.fail("no seed gave a rollout with both ended and truncated completions")
-    cut = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=seed, truncated_reward=-1.0)(
+    cut = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, RolloutConfig(truncated_reward=-1.0), seed=seed)(
         items, c.bundle.net, 0)
     assert torch.equal(cut.rewards, torch.where(no_eos, -1.0, plain.rewards))
     assert cut.metrics["rollout/truncated_frac"] == pytest.approx(no_eos.float().mean().item())

@@ -11,8 +11,8 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import encode_prompts, logits_fn
 from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
 from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig
-from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
-from diffusion_rl.sampling.block import block_generate, check_block_sampler, policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, generate, sample
+from diffusion_rl.sampling.block import block_generate, check_block_sampler
 from tests.helpers.blocks import BS, block_data, staircase_of
 from tests.helpers.common import compose_cfg
 
@@ -88,7 +88,7 @@ def test_block_sampler_aligns_an_unaligned_prompt_and_records_full_width(block_b
         def on_step(self, step, x_before, logits, candidates, committed):
             seen.append((step, x_before.shape, logits.shape, int(committed.sum())))
 
-    out = policy_generate(block_bundle.net, BS, ids, mask, cfg, m, recorder=Rec())
+    out = sample(block_bundle, ids, mask, cfg, recorder=Rec())
     ids20, mask20 = encode_prompts(block_bundle.tokenizer, ["1203004000102300=", "12="], pad_to_multiple_of=BS)
     ref = block_generate(block_bundle.net, ids20, mask20, cfg, BS, m, use_cache=False)
     assert out.sequences.shape == (2, 17 + 8) and torch.equal(out.completion, ref.completion)

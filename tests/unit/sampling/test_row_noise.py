@@ -10,8 +10,7 @@ import torch
 
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, encode_prompts
-from diffusion_rl.sampling import RowNoise, SamplerConfig
-from diffusion_rl.sampling.block import policy_generate
+from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from diffusion_rl.training.evaluation import generate_texts
 from tests.helpers.released_layouts import write_checkpoint
 
@@ -25,9 +24,7 @@ def chunked(bundle, cfg: SamplerConfig, size: int, key: int = KEY):
     ids, mask = encode_prompts(bundle.tokenizer, PROMPTS, pad_to_multiple_of=bundle.block_size)
     comps, logps = [], []
     for s in range(0, ids.shape[0], size):
-        out = policy_generate(bundle.net, bundle.block_size, ids[s:s + size], mask[s:s + size], cfg,
-                              bundle.mask_token_id, RowNoise.rows(key, s, ids[s:s + size].shape[0]),
-                              eos_id=bundle.eos_token_id)
+        out = sample(bundle, ids[s:s + size], mask[s:s + size], cfg, RowNoise.rows(key, s, ids[s:s + size].shape[0]))
         comps.append(out.completion)
         logps.append(out.token_logp)
     return torch.cat(comps), torch.cat(logps)
