@@ -45,7 +45,7 @@ from diffusion_rl.training.diagnostics import DiagnosticsConfig
 from diffusion_rl.training.evaluation import PeriodicEval, expected_warnings_silenced
 from diffusion_rl.training.faults import FaultConfig, FaultInjector
 from diffusion_rl.training.loggers import ResumePoint, check_loggers, finish_loggers, make_loggers
-from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
+from diffusion_rl.training.module import DiffusionRLModule, OptimConfig, check_old_policy
 from diffusion_rl.training.progress import RLProgressBar
 from diffusion_rl.training.strategy import make_strategy
 from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
@@ -108,9 +108,6 @@ class PathsConfig:
     cache_dir: str = "outputs/cache"  # warm-start checkpoints, keyed by config; relative to the launch folder
 
 
-OLD_POLICIES = ("copy", "cached")
-
-
 @dataclass
 class RunConfig:
     """The root keys of ``conf/config.yaml`` (the config groups have their own dataclasses)."""
@@ -126,8 +123,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
-        if self.old_policy not in OLD_POLICIES:
-            raise ConfigError("old_policy", self.old_policy, f"allowed: {', '.join(OLD_POLICIES)}")
+        check_old_policy(self.old_policy)
 
 
 def run_config(cfg: DictConfig, cls: type[RunConfig] = RunConfig) -> RunConfig:
@@ -195,8 +191,23 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
     objective.rollout_sampler(sampler).validate()  # an objective with its own rollout order (justgrpo) checks it here
     objective.check_advantage(advantage.cfg.name)
+    check_trajectory_sampler(sampler, objective)
     check_tree(run.rollout.tree, sampler, bundle.block_size, objective, run.rollout.oversample)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
+
+
+def check_trajectory_sampler(sampler: SamplerConfig, objective: Objective) -> None:
+    """An objective that trains on the sampler's recorded steps needs them recorded whole: no token
+    editing, one sampler call for the whole rollout."""
+    if not objective.needs_trajectory:
+        return
+    if sampler.editing_threshold is not None:
+        raise ConfigError("sampler.editing_threshold", sampler.editing_threshold,
+                          f"must be null with objective {objective.cfg.name}: it trains on the recorded unmasking "
+                          "steps, and an edited token has no single one")
+    if sampler.rollout_batch_size:
+        raise ConfigError("sampler.rollout_batch_size", sampler.rollout_batch_size,
+                          f"must be 0 with objective {objective.cfg.name} (its trajectory is recorded in one sampler call)")
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
