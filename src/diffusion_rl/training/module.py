@@ -22,9 +22,10 @@ advantages, and the objective's loss and metrics are computed on the gathered ro
 metrics is already global.
 
 The math lives elsewhere (sampler, likelihood estimators, objectives, rewards); this file only
-orchestrates. Every optimizer step leaves one row of metrics (docs/methods.md §6 names) in
-``pending_rows``; ``training/callbacks.py``'s ``DiagnosticsCallback`` adds the gradient-spike
-metrics, reduces rows across processes and writes them to the loggers after each batch.
+orchestrates. Each batch fills a :class:`StepRecord`, which only this module writes: the rollout and
+one row of metrics (docs/methods.md §6 names) per optimizer step. ``training/callbacks.py``'s
+``DiagnosticsCallback`` adds the gradient-spike metrics to the rows and writes them to the loggers
+after each batch; ``training/progress.py``'s bar shows the last one.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import copy
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -104,6 +105,16 @@ def check_old_policy(value: str) -> None:
         raise ConfigError("old_policy", value, f"allowed: {', '.join(OLD_POLICIES)}")
 
 
+@dataclass
+class StepRecord:
+    """What one training batch did, written by the module alone and read by the callbacks after it
+    (``DiagnosticsCallback`` logs the rows, ``RLProgressBar`` shows the last one)."""
+
+    rollout: Rollout | None = None  # the batch's rollout: the table of sample completions, the bar's reward
+    # one row of metrics per optimizer step of the batch (a skipped update leaves one too): (step, row)
+    rows: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+
 class DiffusionRLModule(L.LightningModule):
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
@@ -129,9 +140,7 @@ class DiffusionRLModule(L.LightningModule):
         self.skipped_updates = 0
         self.has_routers = any(isinstance(m, LLaDA2MoE) for m in bundle.net.modules())  # moe/* metrics per update
         self._consecutive_skips = 0
-        self.last_metrics: dict[str, float] = {}
-        self.last_rollout: Rollout | None = None  # for the callback's table of sample completions
-        self.pending_rows: list[tuple[int, dict[str, float]]] = []  # (step, row), flushed by the callback
+        self.record = StepRecord()  # what the last training batch did, for the callbacks
         self.warm_start: dict[str, Any] | None = None  # provenance, set by train(); rides in checkpoints
         self.run_config: dict[str, Any] | None = None  # the resolved run config, set by train(); rides in checkpoints
         self.base: dict[str, Any] | None = None  # the frozen weights' source (path, content hash); set by train()
@@ -223,7 +232,7 @@ class DiffusionRLModule(L.LightningModule):
 
     # ---- the RL step --------------------------------------------------------------------
     def training_step(self, items: list[dict[str, Any]], batch_idx: int) -> None:
-        self.pending_rows.clear()  # bounded even without the callback
+        self.record = StepRecord()  # a new one per batch: bounded even without the callbacks
         ro = self.rollout(items)
         ctx = self.step_context(ro)
         for it in range(self.objective.cfg.mu):
@@ -238,7 +247,7 @@ class DiffusionRLModule(L.LightningModule):
         with gathered(behaviour):  # FSDP: the weights gathered once for every denoising step
             ro = self.rollouts(items, behaviour, self.rollout_count)
         self.rollout_count += 1
-        self.last_rollout = ro
+        self.record.rollout = ro
         return ro
 
     def step_context(self, ro: Rollout) -> StepContext:
@@ -318,5 +327,4 @@ class DiffusionRLModule(L.LightningModule):
         return loss, metrics, clip_grad_norm(self.trainable_parameters(), clip)  # pre-clip, over every shard
 
     def _log_row(self, row: dict[str, float], step: int) -> None:
-        self.last_metrics = row
-        self.pending_rows.append((step, row))
+        self.record.rows.append((step, row))
