@@ -144,7 +144,6 @@ class DiffusionRLModule(L.LightningModule):
         self.warm_start: dict[str, Any] | None = None  # provenance, set by train(); rides in checkpoints
         self.run_config: dict[str, Any] | None = None  # the resolved run config, set by train(); rides in checkpoints
         self.base: dict[str, Any] | None = None  # the frozen weights' source (path, content hash); set by train()
-        self.fault: Any = None  # a training.faults.FaultInjector in fault-injection runs (conf/fault)
         self._rng_to_restore: dict[str, Any] | None = None
 
     # ---- Lightning plumbing -------------------------------------------------------------
@@ -314,8 +313,6 @@ class DiffusionRLModule(L.LightningModule):
         loss, metrics = torch.zeros(()), {}
         with dropout_disabled(self.policy):
             for part, part_metrics in self.objective.loss_parts(ctx):
-                if self.fault is not None:
-                    part = self.fault.corrupt_loss(part, self.global_step)
                 loss = loss.to(part.device) + part.detach()
                 metrics.update(part_metrics)
                 if not bool(torch.isfinite(part)):
