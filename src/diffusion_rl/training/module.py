@@ -26,12 +26,17 @@ orchestrates. Each batch fills a :class:`StepRecord`, which only this module wri
 one row of metrics (docs/methods.md §6 names) per optimizer step. ``training/callbacks.py``'s
 ``DiagnosticsCallback`` adds the gradient-spike metrics to the rows and writes them to the loggers
 after each batch; ``training/progress.py``'s bar shows the last one.
+
+Everything else is the callbacks' and ``train()``'s: what a checkpoint holds and how a resume puts
+it back (``training/checkpoint.py``'s ``RunCheckpoint``: the trainable tensors, the counters below,
+the global generators, the run's config and warm start), faults on purpose (``training/faults.py``
+wraps the objective or the task from outside), and the config checks (``app/train.py``'s ``build``).
+Every collaborator comes in through the constructor.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -52,8 +57,6 @@ from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.rl.tree import TreeConfig
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
-from diffusion_rl.training.checkpoint import RUN_KEY, rng_state, set_rng_state
-from diffusion_rl.training.loggers import wandb_run_id
 from diffusion_rl.training.strategy import (
     FSDP2Strategy,
     broadcast_from_first,
@@ -62,8 +65,6 @@ from diffusion_rl.training.strategy import (
     gathered,
     shard,
 )
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -139,12 +140,11 @@ class DiffusionRLModule(L.LightningModule):
         self.rollout_count = 0
         self.skipped_updates = 0
         self.has_routers = any(isinstance(m, LLaDA2MoE) for m in bundle.net.modules())  # moe/* metrics per update
-        self._consecutive_skips = 0
+        self.consecutive_skips = 0
+        # a checkpoint holds what trains (training/checkpoint.py's RunCheckpoint): a tensor a state dict
+        # lacks keeps its value, the base's; that callback refuses the tensors this module lacks
+        self.strict_loading = False
         self.record = StepRecord()  # what the last training batch did, for the callbacks
-        self.warm_start: dict[str, Any] | None = None  # provenance, set by train(); rides in checkpoints
-        self.run_config: dict[str, Any] | None = None  # the resolved run config, set by train(); rides in checkpoints
-        self.base: dict[str, Any] | None = None  # the frozen weights' source (path, content hash); set by train()
-        self._rng_to_restore: dict[str, Any] | None = None
 
     # ---- Lightning plumbing -------------------------------------------------------------
     def configure_model(self) -> None:
@@ -154,7 +154,6 @@ class DiffusionRLModule(L.LightningModule):
         strategy = self._trainer.strategy if self._trainer is not None else None
         if not isinstance(strategy, FSDP2Strategy) or fsdp_units(self.policy):
             return
-        self.strict_loading = False  # checkpoints lack the frozen weights (on_save_checkpoint)
         first = strategy.global_rank == 0
         for net in (n for n in (self.policy, self.ref_policy) if n is not None):
             full = {k: v for k, v in net.state_dict().items()} if first else None  # (unsharded, on the first process)
@@ -175,48 +174,6 @@ class DiffusionRLModule(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, c.lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # What trained, never a frozen tensor: a frozen base (LoRA) and a frozen reference copy are
-        # rebuilt from the base the run names (checkpoint["run"]["base"], checked on resume), the old
-        # policy equals the policy at every checkpoint. (Under FSDP the strategy already left them out.)
-        state = checkpoint.get("state_dict")
-        if state is not None:
-            for name in self.frozen_names():
-                state.pop(name, None)
-        # Plain data only: checkpoints load with weights_only=True. Mask and Gumbel generators are
-        # seeded from (seed, rollout_count), the data order is the train loader's state (Lightning).
-        checkpoint["rl_state"] = {"rollout_count": self.rollout_count, "skipped_updates": self.skipped_updates,
-                                  "consecutive_skips": self._consecutive_skips,
-                                  "reward_failures": getattr(self.task, "reward_failures", 0),
-                                  "warm_start": self.warm_start, "rng": rng_state()}
-        # what src/eval.py rebuilds (model, tokenizer, task, sampler) and the W&B run a resume continues
-        checkpoint[RUN_KEY] = {"config": self.run_config, "wandb_id": wandb_run_id(self.loggers), "base": self.base}
-        for logger in self.loggers:  # the metrics on disk reach as far as the checkpoint
-            logger.save()
-
-    def frozen_names(self) -> list[str]:
-        """State-dict keys of the tensors that do not train (frozen base, old and reference copies)."""
-        return [name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad]
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        weights = checkpoint.get("state_dict")  # absent under FSDP: the strategy restored the shards
-        if weights is not None:  # frozen tensors as built (the base), the old policy as the policy
-            for name, value in self.state_dict().items():
-                if name not in weights:
-                    twin = "policy." + name.removeprefix("old_policy.")
-                    weights[name] = weights[twin] if name.startswith("old_policy.") and twin in weights else value
-        state = checkpoint.get("rl_state", {})
-        self.rollout_count = state.get("rollout_count", 0)
-        self.skipped_updates = state.get("skipped_updates", 0)
-        self._consecutive_skips = state.get("consecutive_skips", 0)
-        self.task.reward_failures = state.get("reward_failures", 0)
-        saved = state.get("warm_start")
-        if saved and self.warm_start and saved.get("key") != self.warm_start.get("key"):
-            log.warning("the checkpoint's warm start (%s) differs from this config's (%s); the checkpoint's "
-                        "weights are used", saved.get("key"), self.warm_start.get("key"))
-        self.warm_start = saved or self.warm_start
-        self._rng_to_restore = state.get("rng")  # applied at on_train_start, after Lightning's own setup
-
     def _check_data_parallel(self) -> None:
         sampler = getattr(self.trainer.train_dataloader, "sampler", None)
         if self.trainer.world_size > 1 and isinstance(sampler, DistributedSampler):  # Lightning's subclass it
@@ -225,9 +182,6 @@ class DiffusionRLModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._check_data_parallel()
-        if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)
-            self._rng_to_restore = None
 
     # ---- the RL step --------------------------------------------------------------------
     def training_step(self, items: list[dict[str, Any]], batch_idx: int) -> None:
@@ -280,13 +234,13 @@ class DiffusionRLModule(L.LightningModule):
         if not ok:
             opt.zero_grad(set_to_none=True)
             self.skipped_updates += 1
-            self._consecutive_skips += 1
-            if self._consecutive_skips > self.optim_cfg.max_consecutive_skips:
-                raise RuntimeError(f"{self._consecutive_skips} consecutive updates had a non-finite loss or gradient; stopping")
+            self.consecutive_skips += 1
+            if self.consecutive_skips > self.optim_cfg.max_consecutive_skips:
+                raise RuntimeError(f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient; stopping")
             row = {"train/skipped_updates": float(self.skipped_updates), "train/loss": float(loss.detach())}
             self._log_row(row, step=self.global_step)
             return
-        self._consecutive_skips = 0
+        self.consecutive_skips = 0
         opt.step()
         ctx.policy_is_old = False
         sched.step()
