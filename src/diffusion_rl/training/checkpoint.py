@@ -8,7 +8,9 @@
   truncated ``last.ckpt``).
 - :class:`RunCheckpoint`: Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` is always the final
   model: Lightning writes ``last`` at the end of a run only if no checkpoint was written during it, so
-  a 10-step run checkpointing every 3 steps left ``last.ckpt`` at step 9.
+  a 10-step run checkpointing every 3 steps left ``last.ckpt`` at step 9. It also decides what a
+  checkpoint holds besides Lightning's own state, and puts it back on resume (Lightning's callback
+  checkpoint hooks): the LightningModule knows nothing of the layout.
 - Every checkpoint carries ``checkpoint["run"]``: the run's resolved config (model, tokenizer, task,
   sampler: what ``src/eval.py`` rebuilds) and the id of its W&B run (what a resumed run continues).
 - A checkpoint holds what trained (``RunCheckpoint.on_save_checkpoint``): never a frozen LoRA base or
@@ -158,7 +160,8 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        # checkpoint callbacks run after every other callback: no evaluation draws from these afterwards
+        # Lightning runs checkpoint callbacks after the others, and the module's hook after them: nothing
+        # draws from the generators between here and the first batch
         if self._rng_to_restore is not None:
             set_rng_state(self._rng_to_restore)
             self._rng_to_restore = None

@@ -73,7 +73,7 @@ class FaultInjector(L.Callback):
         self._step = 0  # global step seen at the last batch start
         self._calls = 0  # reward_raises: per-completion calls since the last batch call
         self._task = None
-        self._objective = None
+        self._objective: Objective | None = None
         self._training = False
 
     # ---- wiring -------------------------------------------------------------------------
