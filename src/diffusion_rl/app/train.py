@@ -36,7 +36,9 @@ from diffusion_rl.tasks import TASKS, Task, TaskDataModule
 from diffusion_rl.training.callbacks import DiagnosticsCallback
 from diffusion_rl.training.checkpoint import (
     AtomicCheckpointIO,
+    CheckpointRef,
     RunCheckpoint,
+    RunRecord,
     check_base,
     continue_csv_log,
     resolve_checkpoint,
@@ -45,7 +47,7 @@ from diffusion_rl.training.diagnostics import DiagnosticsConfig
 from diffusion_rl.training.evaluation import PeriodicEval, expected_warnings_silenced
 from diffusion_rl.training.faults import FaultConfig, FaultInjector
 from diffusion_rl.training.loggers import ResumePoint, check_loggers, finish_loggers, make_loggers
-from diffusion_rl.training.module import DiffusionRLModule, OptimConfig
+from diffusion_rl.training.module import DiffusionRLModule, OptimConfig, check_old_policy
 from diffusion_rl.training.progress import RLProgressBar
 from diffusion_rl.training.strategy import make_strategy
 from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
@@ -108,9 +110,6 @@ class PathsConfig:
     cache_dir: str = "outputs/cache"  # warm-start checkpoints, keyed by config; relative to the launch folder
 
 
-OLD_POLICIES = ("copy", "cached")
-
-
 @dataclass
 class RunConfig:
     """The root keys of ``conf/config.yaml`` (the config groups have their own dataclasses)."""
@@ -126,8 +125,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
-        if self.old_policy not in OLD_POLICIES:
-            raise ConfigError("old_policy", self.old_policy, f"allowed: {', '.join(OLD_POLICIES)}")
+        check_old_policy(self.old_policy)
 
 
 def run_config(cfg: DictConfig, cls: type[RunConfig] = RunConfig) -> RunConfig:
@@ -195,8 +193,23 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
     objective.rollout_sampler(sampler).validate()  # an objective with its own rollout order (justgrpo) checks it here
     objective.check_advantage(advantage.cfg.name)
+    check_trajectory_sampler(sampler, objective)
     check_tree(run.rollout.tree, sampler, bundle.block_size, objective, run.rollout.oversample)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
+
+
+def check_trajectory_sampler(sampler: SamplerConfig, objective: Objective) -> None:
+    """An objective that trains on the sampler's recorded steps needs them recorded whole: no token
+    editing, one sampler call for the whole rollout."""
+    if not objective.needs_trajectory:
+        return
+    if sampler.editing_threshold is not None:
+        raise ConfigError("sampler.editing_threshold", sampler.editing_threshold,
+                          f"must be null with objective {objective.cfg.name}: it trains on the recorded unmasking "
+                          "steps, and an edited token has no single one")
+    if sampler.rollout_batch_size:
+        raise ConfigError("sampler.rollout_batch_size", sampler.rollout_batch_size,
+                          f"must be 0 with objective {objective.cfg.name} (its trajectory is recorded in one sampler call)")
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
@@ -217,40 +230,23 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     test_items = datamodule.test_items()
     # ckpt_path=last | a run folder | a file; a missing or corrupt one stops here, before any work
     ckpt = resolve_checkpoint(str(cfg.ckpt_path), run_dir) if cfg.get("ckpt_path") else None
-    progress = c.trainer.enable_progress_bar
+    record = RunRecord(config=OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     diagnostics = DiagnosticsCallback(c.run.diagnostics, run_dir)
-    # the papers' evaluation protocol whatever order and fewer-forward options the rollouts use
-    # (eval.fast_sampler=true: the rollouts' sampler as it is)
-    eval_sampler = c.sampler if c.run.eval.fast_sampler else c.sampler.as_exact()
-    ev = c.run.eval
-    periodic = PeriodicEval(c.task, test_items, eval_sampler, ev.batch_size, ev.every_n_steps, before=ev.before,
-                            after=ev.after, periodic_items=datamodule.validation_items(), progress=progress)
-    keep = c.trainer.keep_last_k if c.trainer.checkpoint_every_n_steps else 0
-    ckpt_cb = RunCheckpoint(  # the newest keep_last_k step checkpoints (by step) and last.ckpt
-        dirpath=run_dir / "checkpoints", save_last=True, save_top_k=keep, monitor="step" if keep > 0 else None,
-        mode="max", every_n_train_steps=c.trainer.checkpoint_every_n_steps or None, filename="step{step:06d}",
-        auto_insert_metric_name=False, enable_version_counter=False,  # resume overwrites last.ckpt
-    )
+    periodic = make_periodic_eval(c, datamodule, test_items)
+    callbacks = [checkpoint_callback(c.trainer, run_dir, record), diagnostics, periodic] \
+        + ([RLProgressBar()] if c.trainer.enable_progress_bar else []) \
+        + ([FaultInjector(fault)] if fault.kind != "none" else [])
     with expected_warnings_silenced():
         loggers = make_loggers(cfg, run_dir, ResumePoint(ckpt.global_step, ckpt.run.get("wandb_id")) if ckpt else None)
-        trainer = make_trainer(c, run_dir, loggers, [ckpt_cb, diagnostics, periodic] + ([RLProgressBar()] if progress else [])
-                               + ([FaultInjector(fault)] if fault.kind != "none" else []))
+        trainer = make_trainer(c, run_dir, loggers, callbacks)
         if ckpt is not None and first:  # resuming in this folder: keep the metric rows up to the checkpoint
             continue_csv_log(loggers, ckpt.global_step)
         # the run starts: everything above only checked the config
-        provenance = None
-        if c.run.warmstart.enabled and (first or c.trainer.strategy != "fsdp"):  # FSDP: the others receive it
-            provenance = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, warm_start_key(cfg),
-                                    cfg.paths.cache_dir, progress)
-        config = OmegaConf.to_container(cfg, resolve=True)
-        summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": provenance, "config": config}
-        base = base_identity(c.bundle, from_dict(ModelConfig, cfg.model, "model"), cfg.paths.cache_dir) if first else None
-        if ckpt is not None and first:
-            check_base(ckpt, base)
+        start_policy(cfg, c, record, ckpt, first)
+        summary: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "warm_start": record.warm_start,
+                                   "config": record.config}
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
                                    old_policy=c.run.old_policy, rollout=c.run.rollout)
-        module.warm_start, module.base = provenance, base
-        module.run_config = config  # type: ignore[assignment]
         L.seed_everything(c.run.seed, workers=True, verbose=False)  # from here on the RL seed
         t_fit = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
@@ -259,13 +255,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     log.info("peak host memory of process %d: %.2f GiB", trainer.global_rank, peak)
     if not trainer.is_global_zero:  # data parallel: the first process writes the summary
         return {"process": trainer.global_rank, "optimizer_steps": int(trainer.global_step), "peak_host_memory_gib": peak}
-    if periodic.before is not None:
-        summary["before"] = periodic.before
-    if periodic.after is not None:
-        summary["after"] = periodic.after
-        with open(run_dir / "eval_generations.jsonl", "w") as f:
-            for r in periodic.records:
-                f.write(json.dumps(r) + "\n")
+    add_evaluations(summary, periodic, run_dir)
     summary.update({"optimizer_steps": int(trainer.global_step), "rollouts": module.rollout_count,
                     "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
                     "num_test_items": len(test_items), "metric_definitions": c.task.metric_definitions(),
@@ -275,6 +265,51 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         json.dump(summary, f, indent=2, default=str)
     finish_loggers(loggers, summary)
     return summary
+
+
+def make_periodic_eval(c: Components, datamodule: TaskDataModule, test_items: list[dict[str, Any]]) -> PeriodicEval:
+    """The held-out evaluations before, during and after RL, with the papers' evaluation protocol
+    whatever order and fewer-forward options the rollouts use (``eval.fast_sampler=true``: the
+    rollouts' sampler as it is)."""
+    ev = c.run.eval
+    sampler = c.sampler if ev.fast_sampler else c.sampler.as_exact()
+    return PeriodicEval(c.task, test_items, sampler, ev.batch_size, ev.every_n_steps, before=ev.before,
+                        after=ev.after, periodic_items=datamodule.validation_items(),
+                        progress=c.trainer.enable_progress_bar)
+
+
+def checkpoint_callback(t: TrainerConfig, run_dir: Path, record: RunRecord) -> RunCheckpoint:
+    """The newest ``keep_last_k`` step checkpoints (by step) and ``last.ckpt``, each carrying ``record``."""
+    keep = t.keep_last_k if t.checkpoint_every_n_steps else 0
+    return RunCheckpoint(
+        record, dirpath=run_dir / "checkpoints", save_last=True, save_top_k=keep, monitor="step" if keep > 0 else None,
+        mode="max", every_n_train_steps=t.checkpoint_every_n_steps or None, filename="step{step:06d}",
+        auto_insert_metric_name=False, enable_version_counter=False,  # resume overwrites last.ckpt
+    )
+
+
+def start_policy(cfg: DictConfig, c: Components, record: RunRecord, ckpt: CheckpointRef | None, first: bool) -> None:
+    """The warm start (or its cached result) into ``c.bundle``, then the base the frozen weights come
+    from, checked against the checkpoint to resume; both go in ``record``, which every checkpoint carries."""
+    if c.run.warmstart.enabled and (first or c.trainer.strategy != "fsdp"):  # FSDP: the others receive it
+        record.warm_start = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, warm_start_key(cfg),
+                                       cfg.paths.cache_dir, c.trainer.enable_progress_bar)
+    if first:
+        record.base = base_identity(c.bundle, from_dict(ModelConfig, cfg.model, "model"), cfg.paths.cache_dir)
+    if ckpt is not None and first:
+        check_base(ckpt, record.base)
+
+
+def add_evaluations(summary: dict[str, Any], periodic: PeriodicEval, run_dir: Path) -> None:
+    """The held-out metrics before and after RL into ``summary``; the final generations to
+    ``eval_generations.jsonl``."""
+    if periodic.before is not None:
+        summary["before"] = periodic.before
+    if periodic.after is not None:
+        summary["after"] = periodic.after
+        with open(run_dir / "eval_generations.jsonl", "w") as f:
+            for r in periodic.records:
+                f.write(json.dumps(r) + "\n")
 
 
 def peak_host_memory_gib() -> float:

@@ -2,8 +2,9 @@
 (docs/methods.md §6).
 
 The module computes what only it can (loss, the objective's metric dict, the pre-clip gradient norm,
-rollout statistics and timings) and leaves one row per optimizer step in ``pending_rows``. After each
-training batch (one rollout, ``mu`` optimizer steps) this callback
+rollout statistics and timings) and leaves one row per optimizer step in its ``record``
+(``training/module.py``'s ``StepRecord``, which only the module writes). After each training batch
+(one rollout, ``mu`` optimizer steps) this callback
 
 1. adds the gradient-spike metrics (``grad/norm_ema``, ``grad/spike``, ``grad/spikes_total``) from
    its :class:`GradSpikeTracker`, whose state rides in the checkpoint (Lightning stores callback
@@ -21,6 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,9 @@ class DiagnosticsCallback(L.Callback):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.tracker = GradSpikeTracker(self.cfg)
         self.last_table_step = 0
+        # (the module's record, how many of its rows are written): no row is written twice; a weak
+        # reference, so that a finished batch's rollout is not kept alive here
+        self._written: tuple[Callable[[], Any], int] = (lambda: None, 0)
 
     # ---- checkpoint state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -62,11 +68,12 @@ class DiagnosticsCallback(L.Callback):
 
     # ---- work -------------------------------------------------------------------------------
     def _flush(self, trainer, pl_module) -> None:
-        pending = list(getattr(pl_module, "pending_rows", []))
-        if hasattr(pl_module, "pending_rows"):
-            pl_module.pending_rows.clear()
-        if not pending:
-            return
+        """Write the record's rows not written yet (after a batch; on an exception, those of the
+        unfinished batch)."""
+        record = pl_module.record
+        seen, done = self._written
+        pending = record.rows[done:] if record is seen() else record.rows
+        self._written = (weakref.ref(record), len(record.rows))
         rows = []
         for step, row in pending:
             row = dict(row)
@@ -77,10 +84,9 @@ class DiagnosticsCallback(L.Callback):
         for step, row in rows:
             for logger in trainer.loggers:
                 logger.log_metrics(row, step=step)
-        pl_module.last_metrics = rows[-1][1]
 
     def _log_samples(self, trainer, pl_module) -> None:
-        ro = getattr(pl_module, "last_rollout", None)
+        ro = pl_module.record.rollout
         if ro is None:
             return
         items, texts = ro.items, ro.texts

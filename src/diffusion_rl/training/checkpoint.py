@@ -8,10 +8,12 @@
   truncated ``last.ckpt``).
 - :class:`RunCheckpoint`: Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` is always the final
   model: Lightning writes ``last`` at the end of a run only if no checkpoint was written during it, so
-  a 10-step run checkpointing every 3 steps left ``last.ckpt`` at step 9.
+  a 10-step run checkpointing every 3 steps left ``last.ckpt`` at step 9. It also decides what a
+  checkpoint holds besides Lightning's own state, and puts it back on resume (Lightning's callback
+  checkpoint hooks): the LightningModule knows nothing of the layout.
 - Every checkpoint carries ``checkpoint["run"]``: the run's resolved config (model, tokenizer, task,
   sampler: what ``src/eval.py`` rebuilds) and the id of its W&B run (what a resumed run continues).
-- A checkpoint holds what trained (``DiffusionRLModule.on_save_checkpoint``): never a frozen LoRA base or
+- A checkpoint holds what trained (``RunCheckpoint.on_save_checkpoint``): never a frozen LoRA base or
   a frozen copy, which are rebuilt from the base the run names in ``checkpoint["run"]["base"]`` (path
   and content hash; :func:`check_base` refuses resuming on another one). Under FSDP a full fine-tuning
   checkpoint is a folder (``torch.distributed.checkpoint``: one shard file per process, the rest in
@@ -29,6 +31,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import random
 import re
@@ -44,6 +47,9 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.training.loggers import wandb_run_id
+
+log = logging.getLogger(__name__)
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
@@ -79,8 +85,86 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, path)
 
 
+RUN_KEY = "run"  # checkpoint[RUN_KEY]: {"config": resolved run config, "wandb_id": str | None, "base": ...}
+
+
+@dataclass
+class RunRecord:
+    """What every checkpoint says about its run: ``checkpoint[RUN_KEY]`` (config, base) and the warm
+    start in ``checkpoint["rl_state"]``. ``train()`` knows the config at start, the warm start and the
+    base once the warm start is done; a resume keeps the warm start its checkpoint names."""
+
+    config: dict[str, Any] | None = None  # the resolved run config: what src/eval.py rebuilds
+    warm_start: dict[str, Any] | None = None  # training/warmstart.py's provenance
+    base: dict[str, Any] | None = None  # where the frozen weights come from (models.build.base_identity)
+
+
+def frozen_names(module: torch.nn.Module) -> list[str]:
+    """State-dict keys of the tensors that do not train (frozen base, old and reference copies)."""
+    return [name for name, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad]
+
+
 class RunCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` is the final model, whatever the checkpoint interval."""
+    """``ModelCheckpoint`` whose ``last.ckpt`` is the final model, whatever the checkpoint interval,
+    and which decides what a checkpoint holds besides Lightning's own state (the module knows nothing
+    of it): the trainable tensors only, ``rl_state`` (the module's counters, the warm start, the global
+    generators) and ``checkpoint[RUN_KEY]``."""
+
+    def __init__(self, run: RunRecord | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.run = run if run is not None else RunRecord()
+        self._rng_to_restore: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        # What trained, never a frozen tensor: a frozen base (LoRA) and a frozen reference copy are
+        # rebuilt from the base the run names (checkpoint["run"]["base"], checked on resume), the old
+        # policy equals the policy at every checkpoint. (Under FSDP the strategy already left them out.)
+        state = checkpoint.get("state_dict")
+        if state is not None:
+            for name in frozen_names(pl_module):
+                state.pop(name, None)
+        # Plain data only: checkpoints load with weights_only=True. Mask and Gumbel generators are
+        # seeded from (seed, rollout_count), the data order is the train loader's state (Lightning).
+        checkpoint["rl_state"] = {"rollout_count": pl_module.rollout_count, "skipped_updates": pl_module.skipped_updates,
+                                  "consecutive_skips": pl_module.consecutive_skips,
+                                  "reward_failures": getattr(pl_module.task, "reward_failures", 0),
+                                  "warm_start": self.run.warm_start, "rng": rng_state()}
+        # what src/eval.py rebuilds (model, tokenizer, task, sampler) and the W&B run a resume continues
+        checkpoint[RUN_KEY] = {"config": self.run.config, "wandb_id": wandb_run_id(trainer.loggers),
+                               "base": self.run.base}
+        for logger in trainer.loggers:  # the metrics on disk reach as far as the checkpoint
+            logger.save()
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """After Lightning loaded the weights (the module loads without ``strict``: the frozen tensors
+        the checkpoint lacks keep their values, the base's): refuse a tensor the module does not have,
+        make the old policy the policy again, and take back the counters and the warm start."""
+        weights = checkpoint.get("state_dict")  # absent under FSDP: the strategy restored the shards
+        if weights is not None:
+            unexpected = [k for k in weights if k not in pl_module.state_dict()]
+            if unexpected:
+                raise RuntimeError(f"Error(s) in loading state_dict for {type(pl_module).__name__}:\n\t"
+                                   "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+            pl_module.sync_old_policy()
+        state = checkpoint.get("rl_state", {})
+        pl_module.rollout_count = state.get("rollout_count", 0)
+        pl_module.skipped_updates = state.get("skipped_updates", 0)
+        pl_module.consecutive_skips = state.get("consecutive_skips", 0)
+        pl_module.task.reward_failures = state.get("reward_failures", 0)
+        saved, ours = state.get("warm_start"), self.run.warm_start
+        if saved and ours and saved.get("key") != ours.get("key"):
+            log.warning("the checkpoint's warm start (%s) differs from this config's (%s); the checkpoint's "
+                        "weights are used", saved.get("key"), ours.get("key"))
+        self.run.warm_start = saved or ours
+        self._rng_to_restore = state.get("rng")  # applied at on_train_start, after Lightning's own setup
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        # Lightning runs checkpoint callbacks after the others, and the module's hook after them: nothing
+        # draws from the generators between here and the first batch
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         with warnings.catch_warnings():
@@ -96,7 +180,6 @@ class RunCheckpoint(ModelCheckpoint):
 
 
 # ---- resolving and checking a checkpoint ----------------------------------------------------------
-RUN_KEY = "run"  # checkpoint[RUN_KEY]: {"config": resolved run config, "wandb_id": str | None}
 
 
 @dataclass

@@ -14,8 +14,9 @@
 - ``truncate_ckpt``: once the checkpoint ``target`` (``last`` or ``step``, the step-``at_step`` file)
   exists after step ``at_step``, cut it to half its size.
 
-A Lightning callback; the NaN loss needs one hook in the module (``module.fault.corrupt_loss``), the
-rest use Lightning's hooks. What the run does under each fault: docs/resume_and_faults.md.
+A Lightning callback that wraps from outside: the NaN loss wraps the objective's ``loss_parts`` and
+the reward fault the task's reward functions (both undone at teardown); the rest use Lightning's
+hooks. The module knows nothing of faults. What the run does under each fault: docs/resume_and_faults.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import os
 import re
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ import lightning as L
 import torch
 
 from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.rl.objectives.base import Objective, StepContext
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +73,20 @@ class FaultInjector(L.Callback):
         self._step = 0  # global step seen at the last batch start
         self._calls = 0  # reward_raises: per-completion calls since the last batch call
         self._task = None
+        self._objective: Objective | None = None
         self._training = False
 
     # ---- wiring -------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
-        pl_module.fault = self
         if self.cfg.kind == "reward_raises":
             self.wrap_rewards(pl_module.task)
+        if self.cfg.kind == "nan_loss":
+            self.wrap_loss(pl_module.objective)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if getattr(pl_module, "fault", None) is self:
-            pl_module.fault = None
+        if self._objective is not None:
+            del self._objective.loss_parts  # the instance attribute: back to the class method
+            self._objective = None
         if self._task is not None:
             del self._task.reward_functions  # the instance attribute: back to the class method
             self._task = None
@@ -111,11 +117,18 @@ class FaultInjector(L.Callback):
             return True
         return False
 
-    def corrupt_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
-        """Called by the module on every loss, before its finiteness check."""
-        if self.cfg.kind == "nan_loss" and self._due_update(step):
-            return loss * float("nan")
-        return loss
+    # ---- losses -------------------------------------------------------------------------
+    def wrap_loss(self, objective: Objective) -> None:
+        """Make ``objective``'s loss parts NaN on ``times`` updates from step ``at_step`` on: the
+        module sees them as it sees a real non-finite loss, before its backward."""
+        inner = objective.loss_parts
+
+        def loss_parts(ctx: StepContext) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+            for part, metrics in inner(ctx):
+                yield (part * float("nan") if self._due_update(ctx.step) else part), metrics
+
+        objective.loss_parts = loss_parts  # type: ignore[method-assign]
+        self._objective = objective
 
     def on_after_backward(self, trainer, pl_module) -> None:
         if self.cfg.kind == "nan_grad" and self._due_update(trainer.global_step):

@@ -22,18 +22,24 @@ advantages, and the objective's loss and metrics are computed on the gathered ro
 metrics is already global.
 
 The math lives elsewhere (sampler, likelihood estimators, objectives, rewards); this file only
-orchestrates. Every optimizer step leaves one row of metrics (docs/methods.md §6 names) in
-``pending_rows``; ``training/callbacks.py``'s ``DiagnosticsCallback`` adds the gradient-spike
-metrics, reduces rows across processes and writes them to the loggers after each batch.
+orchestrates. Each batch fills a :class:`StepRecord`, which only this module writes: the rollout and
+one row of metrics (docs/methods.md §6 names) per optimizer step. ``training/callbacks.py``'s
+``DiagnosticsCallback`` adds the gradient-spike metrics to the rows and writes them to the loggers
+after each batch; ``training/progress.py``'s bar shows the last one.
+
+Everything else is the callbacks' and ``train()``'s: what a checkpoint holds and how a resume puts
+it back (``training/checkpoint.py``'s ``RunCheckpoint``: the trainable tensors, the counters below,
+the global generators, the run's config and warm start), faults on purpose (``training/faults.py``
+wraps the objective or the task from outside), and the config checks (``app/train.py``'s ``build``).
+Every collaborator comes in through the constructor.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -50,8 +56,6 @@ from diffusion_rl.rl.objectives.base import Objective, StepContext
 from diffusion_rl.rl.rollout import RolloutConfig, RolloutEngine
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
-from diffusion_rl.training.checkpoint import RUN_KEY, rng_state, set_rng_state
-from diffusion_rl.training.loggers import wandb_run_id
 from diffusion_rl.training.strategy import (
     FSDP2Strategy,
     broadcast_from_first,
@@ -60,8 +64,6 @@ from diffusion_rl.training.strategy import (
     gathered,
     shard,
 )
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,24 +97,33 @@ class OptimConfig:
         return warm * (max(0.0, 1.0 - step / self.decay_steps) if self.decay_steps else 1.0)
 
 
+OLD_POLICIES = ("copy", "cached")  # the behaviour policy: a frozen copy, or old values taken at rollout time
+
+
+def check_old_policy(value: str) -> None:
+    if value not in OLD_POLICIES:
+        raise ConfigError("old_policy", value, f"allowed: {', '.join(OLD_POLICIES)}")
+
+
+@dataclass
+class StepRecord:
+    """What one training batch did, written by the module alone and read by the callbacks after it
+    (``DiagnosticsCallback`` logs the rows, ``RLProgressBar`` shows the last one)."""
+
+    rollout: Rollout | None = None  # the batch's rollout: the table of sample completions, the bar's reward
+    # one row of metrics per optimizer step of the batch (a skipped update leaves one too): (step, row)
+    rows: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+
 class DiffusionRLModule(L.LightningModule):
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
                  sampler: SamplerConfig, optim: OptimConfig, seed: int = 0, old_policy: str = "copy",
                  rollout: RolloutConfig | None = None):
         super().__init__()
-        optim.validate()
-        sampler.validate()
-        objective.check_advantage(advantage.cfg.name)
-        if old_policy not in ("copy", "cached"):
-            raise ConfigError("old_policy", old_policy, "allowed: copy, cached")
-        if sampler.editing_threshold is not None and objective.needs_trajectory:
-            raise ConfigError("sampler.editing_threshold", sampler.editing_threshold,
-                              f"must be null with objective {objective.cfg.name}: it trains on the recorded unmasking "
-                              "steps, and an edited token has no single one")
-        if sampler.rollout_batch_size and objective.needs_trajectory:
-            raise ConfigError("sampler.rollout_batch_size", sampler.rollout_batch_size,
-                              f"must be 0 with objective {objective.cfg.name} (its trajectory is recorded in one sampler call)")
+        # the configs were validated where they were read (app/train.py's build); a mode string is
+        # checked here too, since an unknown one would otherwise run as "cached"
+        check_old_policy(old_policy)
         self.bundle, self.task, self.objective = bundle, task, objective
         self.sampler_cfg, self.optim_cfg, self.seed = sampler, optim, seed
         self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, rollout, seed)
@@ -127,15 +138,11 @@ class DiffusionRLModule(L.LightningModule):
         self.rollout_count = 0
         self.skipped_updates = 0
         self.has_routers = any(isinstance(m, LLaDA2MoE) for m in bundle.net.modules())  # moe/* metrics per update
-        self._consecutive_skips = 0
-        self.last_metrics: dict[str, float] = {}
-        self.last_rollout: Rollout | None = None  # for the callback's table of sample completions
-        self.pending_rows: list[tuple[int, dict[str, float]]] = []  # (step, row), flushed by the callback
-        self.warm_start: dict[str, Any] | None = None  # provenance, set by train(); rides in checkpoints
-        self.run_config: dict[str, Any] | None = None  # the resolved run config, set by train(); rides in checkpoints
-        self.base: dict[str, Any] | None = None  # the frozen weights' source (path, content hash); set by train()
-        self.fault: Any = None  # a training.faults.FaultInjector in fault-injection runs (conf/fault)
-        self._rng_to_restore: dict[str, Any] | None = None
+        self.consecutive_skips = 0
+        # a checkpoint holds what trains (training/checkpoint.py's RunCheckpoint): a tensor a state dict
+        # lacks keeps its value, the base's; that callback refuses the tensors this module lacks
+        self.strict_loading = False
+        self.record = StepRecord()  # what the last training batch did, for the callbacks
 
     # ---- Lightning plumbing -------------------------------------------------------------
     def configure_model(self) -> None:
@@ -145,7 +152,6 @@ class DiffusionRLModule(L.LightningModule):
         strategy = self._trainer.strategy if self._trainer is not None else None
         if not isinstance(strategy, FSDP2Strategy) or fsdp_units(self.policy):
             return
-        self.strict_loading = False  # checkpoints lack the frozen weights (on_save_checkpoint)
         first = strategy.global_rank == 0
         for net in (n for n in (self.policy, self.ref_policy) if n is not None):
             full = {k: v for k, v in net.state_dict().items()} if first else None  # (unsharded, on the first process)
@@ -166,48 +172,6 @@ class DiffusionRLModule(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, c.lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # What trained, never a frozen tensor: a frozen base (LoRA) and a frozen reference copy are
-        # rebuilt from the base the run names (checkpoint["run"]["base"], checked on resume), the old
-        # policy equals the policy at every checkpoint. (Under FSDP the strategy already left them out.)
-        state = checkpoint.get("state_dict")
-        if state is not None:
-            for name in self.frozen_names():
-                state.pop(name, None)
-        # Plain data only: checkpoints load with weights_only=True. Mask and Gumbel generators are
-        # seeded from (seed, rollout_count), the data order is the train loader's state (Lightning).
-        checkpoint["rl_state"] = {"rollout_count": self.rollout_count, "skipped_updates": self.skipped_updates,
-                                  "consecutive_skips": self._consecutive_skips,
-                                  "reward_failures": getattr(self.task, "reward_failures", 0),
-                                  "warm_start": self.warm_start, "rng": rng_state()}
-        # what src/eval.py rebuilds (model, tokenizer, task, sampler) and the W&B run a resume continues
-        checkpoint[RUN_KEY] = {"config": self.run_config, "wandb_id": wandb_run_id(self.loggers), "base": self.base}
-        for logger in self.loggers:  # the metrics on disk reach as far as the checkpoint
-            logger.save()
-
-    def frozen_names(self) -> list[str]:
-        """State-dict keys of the tensors that do not train (frozen base, old and reference copies)."""
-        return [name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad]
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        weights = checkpoint.get("state_dict")  # absent under FSDP: the strategy restored the shards
-        if weights is not None:  # frozen tensors as built (the base), the old policy as the policy
-            for name, value in self.state_dict().items():
-                if name not in weights:
-                    twin = "policy." + name.removeprefix("old_policy.")
-                    weights[name] = weights[twin] if name.startswith("old_policy.") and twin in weights else value
-        state = checkpoint.get("rl_state", {})
-        self.rollout_count = state.get("rollout_count", 0)
-        self.skipped_updates = state.get("skipped_updates", 0)
-        self._consecutive_skips = state.get("consecutive_skips", 0)
-        self.task.reward_failures = state.get("reward_failures", 0)
-        saved = state.get("warm_start")
-        if saved and self.warm_start and saved.get("key") != self.warm_start.get("key"):
-            log.warning("the checkpoint's warm start (%s) differs from this config's (%s); the checkpoint's "
-                        "weights are used", saved.get("key"), self.warm_start.get("key"))
-        self.warm_start = saved or self.warm_start
-        self._rng_to_restore = state.get("rng")  # applied at on_train_start, after Lightning's own setup
-
     def _check_data_parallel(self) -> None:
         sampler = getattr(self.trainer.train_dataloader, "sampler", None)
         if self.trainer.world_size > 1 and isinstance(sampler, DistributedSampler):  # Lightning's subclass it
@@ -216,13 +180,10 @@ class DiffusionRLModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._check_data_parallel()
-        if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)
-            self._rng_to_restore = None
 
     # ---- the RL step --------------------------------------------------------------------
     def training_step(self, items: list[dict[str, Any]], batch_idx: int) -> None:
-        self.pending_rows.clear()  # bounded even without the callback
+        self.record = StepRecord()  # a new one per batch: bounded even without the callbacks
         ro = self.rollout(items)
         ctx = self.step_context(ro)
         for it in range(self.objective.cfg.mu):
@@ -237,7 +198,7 @@ class DiffusionRLModule(L.LightningModule):
         with gathered(behaviour):  # FSDP: the weights gathered once for every denoising step
             ro = self.rollouts(items, behaviour, self.rollout_count)
         self.rollout_count += 1
-        self.last_rollout = ro
+        self.record.rollout = ro
         return ro
 
     def step_context(self, ro: Rollout) -> StepContext:
@@ -271,13 +232,13 @@ class DiffusionRLModule(L.LightningModule):
         if not ok:
             opt.zero_grad(set_to_none=True)
             self.skipped_updates += 1
-            self._consecutive_skips += 1
-            if self._consecutive_skips > self.optim_cfg.max_consecutive_skips:
-                raise RuntimeError(f"{self._consecutive_skips} consecutive updates had a non-finite loss or gradient; stopping")
+            self.consecutive_skips += 1
+            if self.consecutive_skips > self.optim_cfg.max_consecutive_skips:
+                raise RuntimeError(f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient; stopping")
             row = {"train/skipped_updates": float(self.skipped_updates), "train/loss": float(loss.detach())}
             self._log_row(row, step=self.global_step)
             return
-        self._consecutive_skips = 0
+        self.consecutive_skips = 0
         opt.step()
         ctx.policy_is_old = False
         sched.step()
@@ -304,8 +265,6 @@ class DiffusionRLModule(L.LightningModule):
         loss, metrics = torch.zeros(()), {}
         with dropout_disabled(self.policy):
             for part, part_metrics in self.objective.loss_parts(ctx):
-                if self.fault is not None:
-                    part = self.fault.corrupt_loss(part, self.global_step)
                 loss = loss.to(part.device) + part.detach()
                 metrics.update(part_metrics)
                 if not bool(torch.isfinite(part)):
@@ -317,5 +276,4 @@ class DiffusionRLModule(L.LightningModule):
         return loss, metrics, clip_grad_norm(self.trainable_parameters(), clip)  # pre-clip, over every shard
 
     def _log_row(self, row: dict[str, float], step: int) -> None:
-        self.last_metrics = row
-        self.pending_rows.append((step, row))
+        self.record.rows.append((step, row))

@@ -28,9 +28,9 @@ class RLProgressBar(ProgressBar):
         if self._bar is None:
             return
         self._bar.n = trainer.global_step
-        ro = getattr(pl_module, "last_rollout", None)
-        roll = ro.metrics if ro is not None else {}
-        row = getattr(pl_module, "last_metrics", {})
+        record = pl_module.record  # the batch's (training/module.py's StepRecord)
+        roll = record.rollout.metrics if record.rollout is not None else {}
+        row = record.rows[-1][1] if record.rows else {}
         post = {"reward": roll.get("train/reward"), "loss": row.get("train/loss"), "gnorm": row.get("grad/norm")}
         self._bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None}, refresh=False)
         self._bar.refresh()

@@ -41,3 +41,40 @@ def test_a_text_file_given_as_checkpoint_is_refused_in_plain_words(tmp_path):
         msg = str(err.value)
         assert msg.startswith(f"ckpt_path='{notes}' is invalid: refused {notes}: not a PyTorch checkpoint")
         assert "\n" not in msg and "mmap" not in msg and "zipfile" not in msg  # no torch-internal wording
+
+
+def test_the_checkpoint_callback_keeps_what_trains_and_puts_the_rest_back(tmp_path):
+    """RunCheckpoint alone, on a module with a frozen old-policy copy: the copy stays out of the
+    checkpoint and equals the policy again after loading; a tensor the module lacks is refused."""
+    from types import SimpleNamespace
+
+    from diffusion_rl.app.train import build
+    from diffusion_rl.training.checkpoint import RunCheckpoint, RunRecord, frozen_names
+    from diffusion_rl.training.module import DiffusionRLModule
+    from tests.helpers.common import compose_cfg
+
+    c = build(compose_cfg([], tmp_path))
+    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0, old_policy="copy")
+    assert module.old_policy is not None
+    module.rollout_count, module.skipped_updates, module.consecutive_skips = 7, 2, 1
+    cb, trainer = RunCheckpoint(RunRecord(config={"seed": 0}, warm_start={"key": "w"})), SimpleNamespace(loggers=[])
+    checkpoint = {"state_dict": {k: v.clone() for k, v in module.state_dict().items()}}
+    cb.on_save_checkpoint(trainer, module, checkpoint)
+    frozen = frozen_names(module)
+    assert any(k.startswith("old_policy.") for k in frozen) and not set(frozen) & set(checkpoint["state_dict"])
+    state = checkpoint["rl_state"]
+    assert (state["rollout_count"], state["skipped_updates"], state["consecutive_skips"]) == (7, 2, 1)
+    assert checkpoint[RUN_KEY] == {"config": {"seed": 0}, "wandb_id": None, "base": None}
+
+    fresh = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0, old_policy="copy")
+    for k, v in checkpoint["state_dict"].items():
+        if k.startswith("policy.") and v.is_floating_point():
+            v.add_(1.0)  # the checkpoint's policy trained away from the weights the module was built with
+    fresh.load_state_dict(checkpoint["state_dict"], strict=fresh.strict_loading)  # as Lightning does
+    cb.on_load_checkpoint(trainer, fresh, checkpoint)
+    policy, old = fresh.policy.state_dict(), fresh.old_policy.state_dict()
+    assert all(torch.equal(policy[k], old[k]) for k in policy)
+    assert (fresh.rollout_count, fresh.skipped_updates, fresh.consecutive_skips) == (7, 2, 1)
+    checkpoint["state_dict"]["policy.not_a_tensor_of_it"] = torch.zeros(1)
+    with pytest.raises(RuntimeError, match="Unexpected key.*policy.not_a_tensor_of_it"):
+        cb.on_load_checkpoint(trainer, fresh, checkpoint)
