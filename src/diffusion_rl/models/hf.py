@@ -183,6 +183,40 @@ def check_model_type(raw: dict[str, Any], src: str) -> None:
     raise ConfigError("model.path", src, unknown)
 
 
+def special_ids(cfg: ModelConfig, config: Any, tokenizer: Any, model: Any) -> tuple[int, int]:
+    """The mask and EOS token ids (the run's setting, else the tokenizer's or config's), checked to be
+    ids of the model's vocabulary; a tokenizer without a pad token pads with EOS."""
+    mask_id = _special_id(
+        cfg.mask_token_id, getattr(config, "mask_token_id", None), tokenizer.mask_token_id
+    )
+    eos_id = _special_id(
+        cfg.eos_token_id, _token_id(tokenizer, cfg.eos_token, cfg.path), tokenizer.eos_token_id,
+        getattr(config, "eos_token_id", None),
+    )
+    if mask_id is None:
+        raise ConfigError(
+            "model.mask_token_id",
+            None,
+            f"{cfg.path}: neither the tokenizer nor the config names a mask token; set it",
+        )
+    if eos_id is None:
+        raise ConfigError(
+            "model.eos_token_id",
+            None,
+            f"{cfg.path}: neither the tokenizer nor the config names an EOS token; set it",
+        )
+    embeddings: Any = model.get_input_embeddings()
+    vocab = int(embeddings.num_embeddings)
+    for key, v in (("mask_token_id", mask_id), ("eos_token_id", eos_id)):
+        if not 0 <= v < vocab:
+            raise ConfigError(
+                f"model.{key}", v, f"must be a token id of {cfg.path} (vocabulary of {vocab})"
+            )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = eos_id
+    return mask_id, eos_id
+
+
 @MODELS.register("hf")
 def build_hf(cfg: ModelConfig) -> PolicyBundle:
     from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig
@@ -219,34 +253,7 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
     # lacks the field: transformers 5 moved it to the generation config, 4.x-era remote code still reads it
     model.config.use_cache = False
 
-    mask_id = _special_id(
-        cfg.mask_token_id, getattr(config, "mask_token_id", None), tokenizer.mask_token_id
-    )
-    eos_id = _special_id(
-        cfg.eos_token_id, _token_id(tokenizer, cfg.eos_token, cfg.path), tokenizer.eos_token_id,
-        getattr(config, "eos_token_id", None),
-    )
-    if mask_id is None:
-        raise ConfigError(
-            "model.mask_token_id",
-            None,
-            f"{cfg.path}: neither the tokenizer nor the config names a mask token; set it",
-        )
-    if eos_id is None:
-        raise ConfigError(
-            "model.eos_token_id",
-            None,
-            f"{cfg.path}: neither the tokenizer nor the config names an EOS token; set it",
-        )
-    embeddings: Any = model.get_input_embeddings()
-    vocab = int(embeddings.num_embeddings)
-    for key, v in (("mask_token_id", mask_id), ("eos_token_id", eos_id)):
-        if not 0 <= v < vocab:
-            raise ConfigError(
-                f"model.{key}", v, f"must be a token id of {cfg.path} (vocabulary of {vocab})"
-            )
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token_id = eos_id
+    mask_id, eos_id = special_ids(cfg, config, tokenizer, model)
     if isinstance(model, NativeLM):
         if not cfg.train_router:
             for p in model.router_parameters():
