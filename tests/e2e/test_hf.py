@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from diffusion_rl.app.train import train
-from tests.helpers.common import CONF, compose_cfg
+from tests.helpers.common import CONF, capture_module, compose_cfg
 from tests.helpers.tiny_hf import SMALL, needs_peft
 
 ROOT = CONF.parent
@@ -40,23 +40,12 @@ def test_two_rl_steps_through_model_hf(tmp_path, hf_path, lora, monkeypatch):
         tmp_path,
         tiny=False,
     )
-    import diffusion_rl.app.train as train_mod
-
-    captured = {}
-    real = train_mod.DiffusionRLModule
-
-    def spy(*args, **kwargs):
-        m = real(*args, **kwargs)
-        captured["m"] = m
-        captured["start"] = {k: v.clone() for k, v in m.policy.state_dict().items()}
-        return m
-
-    monkeypatch.setattr(train_mod, "DiffusionRLModule", spy)
+    captured = capture_module(monkeypatch)
     summary = train(cfg, tmp_path / "run")
     assert summary["optimizer_steps"] == 2
     losses = _losses(tmp_path / "run")
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
-    m = captured["m"]
+    m = captured["module"]
     changed = {
         k for k, v in m.policy.state_dict().items() if not torch.equal(captured["start"][k], v)
     }

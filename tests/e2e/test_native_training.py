@@ -22,7 +22,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.registry import discover
 from diffusion_rl.rl.objectives import OBJECTIVES
 from diffusion_rl.tasks.sudoku import SudokuTask
-from tests.helpers.common import STEP_OBJECTIVES, compose_cfg
+from tests.helpers.common import STEP_OBJECTIVES, capture_module, compose_cfg
 from tests.helpers.released_layouts import write_checkpoint
 
 PRESETS = {"llada": "llada_8b_instruct", "dream": "dream_7b_instruct", "sdar": "sdar_8b_chat",
@@ -69,20 +69,10 @@ def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monk
         extra.append("likelihood.num_samples=4")  # 16 copies are 16 forwards and backwards per update; 4 run the same code
     cfg = compose_cfg([f"model={PRESETS[arch]}", f"model.path={folder}", f"model.lora_r={lora}",
                        f"objective={objective}", *extra, *SMALL, *GEN.get(arch, [])], tmp_path, tiny=False)
-    import diffusion_rl.app.train as train_mod
-
-    captured = {}
-    real = train_mod.DiffusionRLModule
-
-    def spy(*args, **kwargs):
-        m = real(*args, **kwargs)
-        captured["m"], captured["start"] = m, {k: v.clone() for k, v in m.policy.state_dict().items()}
-        return m
-
-    monkeypatch.setattr(train_mod, "DiffusionRLModule", spy)
+    captured = capture_module(monkeypatch)
     monkeypatch.setattr(SudokuTask, "reward_functions", lambda self: [("chars", char_reward, 1.0)])
     summary = train(cfg, tmp_path / "run")
-    return summary, captured["start"], captured["m"].policy.state_dict()
+    return summary, captured["start"], captured["module"].policy.state_dict()
 
 
 @pytest.mark.parametrize("lora", [0, 4])

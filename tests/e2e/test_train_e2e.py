@@ -8,24 +8,13 @@ import torch
 
 from diffusion_rl.app.train import build, train
 from diffusion_rl.rl.objectives import OBJECTIVES
-from tests.helpers.common import compose_cfg
+from tests.helpers.common import capture_module, compose_cfg
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES.names())
 def test_tiny_run_end_to_end(tmp_path, objective, monkeypatch):
     cfg = compose_cfg([f"objective={objective}", "objective.mu=2"], tmp_path)
-    captured = {}
-    import diffusion_rl.app.train as train_mod
-
-    real_module = train_mod.DiffusionRLModule
-
-    def spy(*args, **kwargs):
-        m = real_module(*args, **kwargs)
-        captured["module"] = m
-        captured["start"] = {k: v.clone() for k, v in m.policy.state_dict().items()}
-        return m
-
-    monkeypatch.setattr(train_mod, "DiffusionRLModule", spy)
+    captured = capture_module(monkeypatch)
     summary = train(cfg, tmp_path / "run")
     m = captured["module"]
     end = m.policy.state_dict()

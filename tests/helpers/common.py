@@ -68,3 +68,20 @@ def make_batch(bundle, n=8, P=6, L=10, seed=0):
     comp[1, 4] = bundle.eos_token_id  # rows 1 and 3 end early
     comp[3, 7] = bundle.eos_token_id
     return prompt, pmask, comp, completion_mask(comp, bundle.eos_token_id)
+
+
+def capture_module(monkeypatch) -> dict:
+    """Patch ``app/train.py`` so that the ``DiffusionRLModule`` that ``train`` builds is recorded:
+    ``["module"]`` the module, ``["start"]`` a copy of its policy's state dict as built."""
+    import diffusion_rl.app.train as train_mod
+
+    captured: dict = {}
+    real = train_mod.DiffusionRLModule
+
+    def build_and_record(*args, **kwargs):
+        m = real(*args, **kwargs)
+        captured["module"], captured["start"] = m, {k: v.clone() for k, v in m.policy.state_dict().items()}
+        return m
+
+    monkeypatch.setattr(train_mod, "DiffusionRLModule", build_and_record)
+    return captured
