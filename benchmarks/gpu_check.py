@@ -204,7 +204,7 @@ def time_sampler(bundle: PolicyBundle, args, device: torch.device) -> tuple[floa
 
 
 def update_once(bundle: PolicyBundle, args, device: torch.device, opt) -> None:
-    """One StableDRL inner update: behaviour-policy scores, policy scores, backward, optimizer step."""
+    """One StableDRL inner update: old policy scores, policy scores, backward, optimizer step."""
     prompt, pmask = rollout(bundle, args, device)
     comp = random_ids(bundle, (args.batch, args.gen_length), 2, device)
     cmask = torch.ones_like(comp)
@@ -221,7 +221,7 @@ def update_once(bundle: PolicyBundle, args, device: torch.device, opt) -> None:
     fwd = logits_fn(bundle.net)
     ctx = StepContext(ro, 0, 0, fwd, fwd, None)
     bundle.net.eval()
-    obj.precompute_old(ctx, 1)  # the behaviour policy's scores, as with old_policy=cached
+    obj.precompute_old_logp(ctx, 1)  # the old policy's scores, as with old_policy=cached
     ctx.old_policy = None
     bundle.net.train()
     loss, _ = obj.loss(ctx)

@@ -75,20 +75,20 @@ def test_readme_objective_scores_as_grpo_does(tmp_path, monkeypatch):
     ctx = StepContext(ro, inner_iter=1, run_seed=5, policy=policy, old_policy=policy, ref_policy=policy)
     with torch.no_grad():
         for role in ("policy", "old", "ref"):
-            ours, theirs = c.objective.score(ctx, policy, role), grpo.score(ctx, policy, role)
+            ours, theirs = c.objective.logp_units(ctx, policy, role), grpo.logp_units(ctx, policy, role)
             assert torch.equal(ours.logp, theirs.logp), role
             assert torch.equal(ours.mask, theirs.mask) and torch.equal(ours.kl_units()[1], theirs.kl_units()[1]), role
     kept = {}
-    score = c.objective.score  # the example's own, before the spy below stands in for it
+    logp_units = c.objective.logp_units  # the example's own, before the spy below stands in for it
 
     def keep_policy_units(ctx, forward, role):
-        s = score(ctx, forward, role)
+        s = logp_units(ctx, forward, role)
         if role == "policy":
             s.logp.retain_grad()
             kept["logp"] = s.logp
         return s
 
-    monkeypatch.setattr(c.objective, "score", keep_policy_units)
+    monkeypatch.setattr(c.objective, "logp_units", keep_policy_units)
     loss, _ = c.objective.loss(ctx)
     loss.backward()
     grad = kept["logp"].grad  # (n, L) d loss / d log pi of each completion token

@@ -113,7 +113,7 @@ def test_lora_dropout_leaves_the_ratio_exactly_one_at_theta_old(folders, old_pol
     import diffusion_rl.training.module as module_mod
     from diffusion_rl.rl.objectives.base import Objective
 
-    monkeypatch.setattr(Objective, "scores_old_like_policy", lambda self: False)
+    monkeypatch.setattr(Objective, "old_logp_like_policy", lambda self: False)
 
     def ratio_spread(run_dir: Path) -> list[float]:
         rows = list(csv.DictReader(open(run_dir / "metrics.csv")))

@@ -1,5 +1,5 @@
 """The first update after a rollout takes the old values from the policy's own forward (the policy
-still is the behaviour policy there): one forward fewer, the same losses."""
+still is the old policy there): one forward fewer, the same losses."""
 
 import csv
 from pathlib import Path
@@ -23,20 +23,20 @@ def _column(run_dir: Path, key: str) -> list[float]:
 @pytest.mark.parametrize("objective", ["grpo", "stabledrl"])
 def test_first_update_skips_the_old_forward_and_keeps_the_losses(tmp_path, monkeypatch, objective, old_policy):
     calls = []
-    real_old_values = Objective.old_values
+    real_old_values = Objective.compute_old_logp
 
     def counted(self, ctx):
         calls.append(ctx.inner_iter)
         return real_old_values(self, ctx)
 
-    monkeypatch.setattr(Objective, "old_values", counted)
+    monkeypatch.setattr(Objective, "compute_old_logp", counted)
     args = [f"objective={objective}", f"old_policy={old_policy}", "objective.share_masks_with_old=true", *RUN]
     train(compose_cfg(args, tmp_path / "skip"), tmp_path / "skip" / "run")
     assert calls == [1, 1]  # two rollouts of mu=2 updates: the old policy scored at the second update only
     skipped = {k: _column(tmp_path / "skip" / "run", k) for k in ("train/loss", "grad/norm")}
 
     calls.clear()
-    monkeypatch.setattr(Objective, "scores_old_like_policy", lambda self: False)  # every update scores it
+    monkeypatch.setattr(Objective, "old_logp_like_policy", lambda self: False)  # every update scores it
     train(compose_cfg(args, tmp_path / "full"), tmp_path / "full" / "run")
     assert calls == [0, 1, 0, 1]
     for key, values in skipped.items():
@@ -47,8 +47,8 @@ def test_fresh_masks_keep_the_old_forward(tmp_path, monkeypatch):
     """With the new policy scored on other masks than the old one, the old values are not the
     policy's: the old policy is scored (once per rollout, on its own masks) and the first ratio is not 1."""
     calls = []
-    real_old_values = Objective.old_values
-    monkeypatch.setattr(Objective, "old_values", lambda self, ctx: calls.append(ctx.inner_iter) or real_old_values(self, ctx))
+    real_old_values = Objective.compute_old_logp
+    monkeypatch.setattr(Objective, "compute_old_logp", lambda self, ctx: calls.append(ctx.inner_iter) or real_old_values(self, ctx))
     train(compose_cfg(["objective=stabledrl", "objective.share_masks_with_old=false", *RUN], tmp_path), tmp_path / "run")
     assert calls == [0, 0]  # two rollouts of mu=2 updates
     assert all(v > 0 for v in _column(tmp_path / "run", "ratio/log_std"))

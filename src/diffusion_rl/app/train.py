@@ -115,7 +115,7 @@ class RunConfig:
     """The root keys of ``conf/config.yaml`` (the config groups have their own dataclasses)."""
 
     seed: int = 0
-    # behaviour policy: copy (a frozen copy) | cached (old values taken at rollout time, no copy)
+    # old policy: copy (a frozen copy) | cached (old values taken at rollout time, no copy)
     old_policy: str = "copy"
     ckpt_path: str | None = None  # resume: last | a run folder | a checkpoint file
     paths: PathsConfig = field(default_factory=PathsConfig)

@@ -221,7 +221,7 @@ def build_report(root: str | Path, out_dir: str | Path | None = None) -> tuple[P
         lines += ["Rollout cost (means over the logged rows; `RL wall s` is the training loop's, without evaluation):",
                   "", cost, ""]
     if constant:
-        why = (" (with `objective.mu=1` the policy is its own behaviour policy at every update: ratios are 1, "
+        why = (" (with `objective.mu=1` the policy is its own old policy at every update: ratios are 1, "
                "weights uniform)") if any("ratio/" in c or "weights/" in c for c in constant) else ""
         lines += ["Not plotted, constant in every run: " + ", ".join(constant) + why + ".", ""]
     lines += [f"![{title}]({f})" for f, title in made]

@@ -33,7 +33,7 @@ the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``
 An estimator with ``needs_values = True`` asks the rollout for the values ``V`` (the sampler then
 records the one-step completions named by ``values_of``, greedy ones or its own predictions, and the
 rollout scores them in the same pass as the final completions).
-Objectives declare which estimators they accept (``Objective.advantages``); a mismatch fails at
+Objectives declare which estimators they accept (``Objective.advantage_estimators``); a mismatch fails at
 start-up in one line. Pure tensor code: no Lightning, no model.
 """
 

@@ -49,7 +49,7 @@ class Rollout:
     # (n, L) bool: reference tokens a row was sampled with in its canvas (IGPO's hints): unlike pinned
     # tokens they are the policy's to score (rl/objectives/igpo.py); None: no row has any
     hints: torch.Tensor | None = None
-    # (n, L) the behaviour policy's predictive entropy at each completion position, the completion masked
+    # (n, L) the old policy's predictive entropy at each completion position, the completion masked
     # (IGPO's filter of hint positions); None: not computed
     hint_entropy: torch.Tensor | None = None
     # tree rollouts (rollout.tree, rl/tree.py): every node of this process's trees, the rows being the

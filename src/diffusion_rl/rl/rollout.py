@@ -4,7 +4,7 @@ One call of :class:`RolloutEngine` does, for a batch of task items:
 
 1. expand each item to ``G`` rows, encode the prompts, keep this process's share of the rows
    (``core/distributed.py``);
-2. sample completions with the behaviour policy (the sampler of docs/methods.md §2 with the options
+2. sample completions with the old policy (the sampler of docs/methods.md §2 with the options
    of §10, or the block sampler for a block model), ``sampler.rollout_batch_size`` rows per call,
    each row's Gumbel noise from its own generator keyed by ``(seed, rollout id, global row)``
    (``sampling/noise.py``: the call size and the number of processes change no sample); the
@@ -104,7 +104,7 @@ def check_tree(tree: TreeConfig, sampler: SamplerConfig, block_size: int, object
 
 @dataclass
 class Draw:
-    """The sampling stage's output: this process's rows as the behaviour policy drew them, before any
+    """The sampling stage's output: this process's rows as the old policy drew them, before any
     reward (the rollout's per-row tensors, and the sampler's totals the metrics read)."""
 
     prompt_ids: torch.Tensor  # (n, P) left-padded
@@ -132,7 +132,7 @@ class Advantages:
 
 class RolloutEngine:
     """Turns task items into a :class:`Rollout`; holds no model of its own (the caller passes the
-    behaviour policy), so the same engine serves a frozen copy or the policy itself."""
+    old policy), so the same engine serves a frozen copy or the policy itself."""
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
                  sampler: SamplerConfig, rollout: RolloutConfig | None = None, seed: int = 0):
@@ -149,21 +149,21 @@ class RolloutEngine:
         return self.cfg.tree.leaves if self.cfg.tree.enabled else self.task.cfg.group_size
 
     @torch.no_grad()
-    def __call__(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Rollout:
+    def __call__(self, items: list[dict[str, Any]], old_policy: nn.Module, rollout_id: int) -> Rollout:
         t0 = time.perf_counter()
-        draw = self._sample(items, behaviour, rollout_id)
+        draw = self._sample(items, old_policy, rollout_id)
         t_score = time.perf_counter()
-        ro, metrics = self._reward(draw, behaviour, rollout_id)  # scored, then revised by the objective
+        ro, metrics = self._reward(draw, old_policy, rollout_id)  # scored, then revised by the objective
         ro, kept = self._keep_groups(ro)  # DAPO's dynamic sampling (rollout.oversample > 1)
         adv, adv_metrics = self._advantages(ro, rollout_id, t_score)
         metrics.update(kept | adv_metrics)
         return self._finish(ro, adv, draw, metrics, t0)
 
-    def _sample(self, items: list[dict[str, Any]], behaviour: nn.Module, rollout_id: int) -> Draw:
+    def _sample(self, items: list[dict[str, Any]], old_policy: nn.Module, rollout_id: int) -> Draw:
         """Expand each item to ``G`` rows, encode, keep this process's share and sample their completions
         (independently, or as the leaves of trees)."""
         G, tok = self.group_size, self.bundle.tokenizer
-        device = next(behaviour.parameters()).device
+        device = next(old_policy.parameters()).device
         prompts = [self.task.prompt(it) for it in items for _ in range(G)]
         ids, mask = encode_prompts(tok, prompts, device, self.bundle.block_size)  # (N, P)
         shard = Shard.current(ids.shape[0])  # every process padded all N rows alike; keep this one's share
@@ -174,9 +174,9 @@ class RolloutEngine:
         canvas = None if canvas is None else canvas.to(device)
         traj, tree = self._recorder(), None
         if self.cfg.tree.enabled:
-            completion, logp, entropy, cost, tree = self._grow(behaviour, ids, mask, shard.offset, rollout_id, canvas, G)
+            completion, logp, entropy, cost, tree = self._grow(old_policy, ids, mask, shard.offset, rollout_id, canvas, G)
         else:
-            completion, logp, entropy, cost = self._generate(behaviour, ids, mask, shard.offset, rollout_id, traj, canvas)
+            completion, logp, entropy, cost = self._generate(old_policy, ids, mask, shard.offset, rollout_id, traj, canvas)
         pinned = None if canvas is None else canvas != self.bundle.mask_token_id  # (n, L) the task's known tokens
         return Draw(ids, mask, group_items, completion, logp, entropy, cost, shard, traj, pinned, tree)
 
@@ -191,7 +191,7 @@ class RolloutEngine:
                                   record_prediction=self.objective.needs_predictions or values_of == "prediction",
                                   temperature=self.sampler.temperature)
 
-    def _reward(self, draw: Draw, behaviour: nn.Module, rollout_id: int) -> tuple[Rollout, dict[str, float]]:
+    def _reward(self, draw: Draw, old_policy: nn.Module, rollout_id: int) -> tuple[Rollout, dict[str, float]]:
         """Decode and score every row drawn in one pass, and let the objective revise the rollout
         (IGPO's hinted rows). The Rollout is made here because the objective's hook and DAPO's filter
         (``Rollout.select``, generic over every per-row field) act on one; ``all_rewards`` and
@@ -212,7 +212,7 @@ class RolloutEngine:
             shard=shard, trajectory=draw.trajectory, metrics=metrics, sampler_logp=draw.sampler_logp,
             pinned=draw.pinned, tree=draw.tree,
         )
-        tools = self._tools(behaviour, draw.prompt_ids, draw.prompt_mask, shard.offset, rollout_id)
+        tools = self._tools(old_policy, draw.prompt_ids, draw.prompt_mask, shard.offset, rollout_id)
         ro, revised = self.objective.revise_rollout(ro, tools)
         metrics.update(revised)
         return ro, metrics
@@ -311,13 +311,13 @@ class RolloutEngine:
                                   rewards)
         return rewards, components
 
-    def _tools(self, behaviour: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int,
+    def _tools(self, old_policy: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int,
                rollout_id: int) -> RolloutTools:
         """The sampler, decoder and rewards of this rollout for the objective's hook (``revise_rollout``);
         a resample of rows ``first ..`` draws its own noise (``_RESAMPLE_SALT``), keyed by global row."""
         def resample(first: int, canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             rows = slice(first, first + canvas.shape[0])
-            completion, logp, _, _ = self._generate(behaviour, ids[rows], mask[rows], offset + first, rollout_id, None,
+            completion, logp, _, _ = self._generate(old_policy, ids[rows], mask[rows], offset + first, rollout_id, None,
                                                     canvas.to(ids.device), salt=_RESAMPLE_SALT)
             return completion, logp
 
@@ -325,7 +325,7 @@ class RolloutEngine:
         return RolloutTools(task=self.task, tokenizer=self.bundle.tokenizer, mask_id=self.bundle.mask_token_id,
                             eos_id=eos, run_seed=self.seed, sample=resample,
                             decode=lambda comp: decode_completions(self.bundle.tokenizer, comp, eos),
-                            score=self._score, behaviour=logits_fn(behaviour))
+                            score=self._score, old_policy=logits_fn(old_policy))
 
     def _per_token(self, completion: torch.Tensor, items: list[dict[str, Any]], fn, default: float) -> torch.Tensor:
         """(n, L) float of a task's per-token function of the decoded tokens (``reward_token_mask``,

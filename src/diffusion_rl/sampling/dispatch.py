@@ -23,7 +23,7 @@ def sample(bundle: PolicyBundle, prompt_ids: torch.Tensor, prompt_mask: torch.Te
            noise: RowNoise | None = None, recorder: StepRecorder | None = None, *, net: nn.Module | None = None,
            canvas: torch.Tensor | None = None, start_step: int = 0, stop_step: int | None = None) -> SampleOutput:
     """Completions of ``prompt_ids`` (B, P) by the sampler ``bundle``'s model needs, with its mask and
-    EOS ids. ``net``: the network to sample with (a frozen behaviour copy), else ``bundle.net``;
+    EOS ids. ``net``: the network to sample with (a frozen old-policy copy), else ``bundle.net``;
     ``canvas`` (B, L): pinned tokens; ``start_step`` / ``stop_step``: a part of the masked-diffusion
     sampler's schedule (:func:`~diffusion_rl.sampling.sampler.generate`; tree rollouts)."""
     net = bundle.net if net is None else net

@@ -14,7 +14,7 @@ keeps:
 - ``final`` (B, P+L): the sequence after the last step (equals the sampler's output).
 - per step ``s`` (B, T) each (``T`` = the steps the sampler took; with ``sampler.decode=threshold|factor``
   a row that finished its block early commits nothing at the batch's remaining steps of that block:
-  ``counts`` 0, and EGSPO selects none of those steps): ``logps`` (float32) the behaviour log-probability of the committed
+  ``counts`` 0, and EGSPO selects none of those steps): ``logps`` (float32) the old policy's log-probability of the committed
   tokens, ``sum_{i in U_s} log softmax(logits_i)[x_i]``; ``entropies`` (float32) the step entropy
   ``H_s``, the mean over ``U_s`` of the full-vocabulary entropy of ``softmax(logits_i)``; ``counts``
   (int16) ``|U_s|``. A position where the sampler drew the mask token itself stays masked and is
@@ -138,7 +138,7 @@ class TrajectoryRecorder:
     # ---- per-step values ----------------------------------------------------------------
     @property
     def logps(self) -> torch.Tensor:
-        """(B, T) behaviour log-prob of each step's committed tokens (sum over ``U_s``)."""
+        """(B, T) old policy's log-prob of each step's committed tokens (sum over ``U_s``)."""
         return torch.stack(self._logps, 1)
 
     @property

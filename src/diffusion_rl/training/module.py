@@ -1,7 +1,7 @@
 """``DiffusionRLModule``: the RL loop for a diffusion LM as a LightningModule (manual optimization).
 
 Per batch of prompts, ``training_step`` is four calls:
-1. :meth:`rollout`: ``G`` completions per prompt from the behaviour policy, scored, with advantages
+1. :meth:`rollout`: ``G`` completions per prompt from the old policy, scored, with advantages
    (``diffusion_rl/rl/rollout.py``, which knows nothing of Lightning);
 2. :meth:`step_context`: what the objective needs (policy forwards; old values when cached);
 3. ``mu`` x :meth:`inner_update`: the objective's loss and its backward (part by part where the
@@ -10,10 +10,10 @@ Per batch of prompts, ``training_step`` is four calls:
    ``train/skipped_updates`` and leaves weights and optimizer untouched;
 4. :meth:`sync_old_policy`: copy the policy into the old policy.
 
-``old_policy=copy`` keeps a frozen copy of the policy as the behaviour policy; ``old_policy=cached``
+``old_policy=copy`` keeps a frozen copy of the policy as the old policy; ``old_policy=cached``
 keeps none: the rollout is sampled with the policy itself and, before the first update, the
-objective's ``old_values`` (old log-probs / ELBOs on every inner iteration's mask seeds) are computed
-from the same weights (``Objective.precompute_old``). Both give the same losses. With LoRA the
+objective's ``compute_old_logp`` (old log-probs / ELBOs on every inner iteration's mask seeds) are computed
+from the same weights (``Objective.precompute_old_logp``). Both give the same losses. With LoRA the
 reference policy (``beta > 0``) is the base model with the adapters switched off, not a copy.
 
 Data parallel (DDP, FSDP): every process reads the same prompts and keeps its contiguous share of the
@@ -97,7 +97,7 @@ class OptimConfig:
         return warm * (max(0.0, 1.0 - step / self.decay_steps) if self.decay_steps else 1.0)
 
 
-OLD_POLICIES = ("copy", "cached")  # the behaviour policy: a frozen copy, or old values taken at rollout time
+OLD_POLICIES = ("copy", "cached")  # the old policy: a frozen copy, or old values taken at rollout time
 
 
 def check_old_policy(value: str) -> None:
@@ -129,9 +129,9 @@ class DiffusionRLModule(L.LightningModule):
         self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, rollout, seed)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
-        # a ratio-free objective that scores no behaviour policy needs no frozen copy of it: the
+        # a ratio-free objective that scores no old policy needs no frozen copy of it: the
         # rollout then samples with the policy itself, as with old_policy=cached
-        self.old_policy = copy_net() if old_policy == "copy" and objective.needs_old_values() else None
+        self.old_policy = copy_net() if old_policy == "copy" and objective.needs_old_logp() else None
         self.needs_ref = objective.cfg.beta > 0
         self.ref_policy = copy_net() if self.needs_ref and not has_adapter(bundle.net) else None
         self.automatic_optimization = False
@@ -193,17 +193,17 @@ class DiffusionRLModule(L.LightningModule):
         self.sync_old_policy()
 
     def rollout(self, items: list[dict[str, Any]]) -> Rollout:
-        """Sample, score and compute advantages with the behaviour policy (``rl/rollout.py``)."""
-        behaviour = self.old_policy if self.old_policy is not None else self.policy
-        with gathered(behaviour):  # FSDP: the weights gathered once for every denoising step
-            ro = self.rollouts(items, behaviour, self.rollout_count)
+        """Sample, score and compute advantages with the old policy (``rl/rollout.py``)."""
+        old_policy = self.old_policy if self.old_policy is not None else self.policy
+        with gathered(old_policy):  # FSDP: the weights gathered once for every denoising step
+            ro = self.rollouts(items, old_policy, self.rollout_count)
         self.rollout_count += 1
         self.record.rollout = ro
         return ro
 
     def step_context(self, ro: Rollout) -> StepContext:
         """The forwards the objective calls; with ``old_policy=cached`` every inner iteration's old
-        values are taken now, while the policy still is the behaviour policy."""
+        values are taken now, while the policy still is the old policy."""
         ref = None
         if self.needs_ref:
             ref = logits_fn(self.ref_policy) if self.ref_policy is not None else reference_logits_fn(self.policy)
@@ -212,7 +212,7 @@ class DiffusionRLModule(L.LightningModule):
             return StepContext(ro, 0, self.seed, policy, logits_fn(self.old_policy), ref, policy_is_old=True)
         ctx = StepContext(ro, 0, self.seed, policy, policy, ref, policy_is_old=True)
         self.policy.eval()
-        self.objective.precompute_old(ctx, self.objective.cfg.mu)
+        self.objective.precompute_old_logp(ctx, self.objective.cfg.mu)
         ctx.old_policy = None
         return ctx
 

@@ -42,7 +42,7 @@ def test_tis_scales_each_units_advantage_in_the_shared_template(tiny_bundle):
     ro = make_rollout(tiny_bundle)
     lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
     plain = GRPO(GRPOConfig(beta=0.0, agg="seq-mean-token-mean"), lik)
-    old = plain.behaviour(_ctx(tiny_bundle, ro))  # (n, L) the estimator at theta_old
+    old = plain.old_logp(_ctx(tiny_bundle, ro))  # (n, L) the estimator at theta_old
     shift = torch.linspace(-1.0, 1.5, old.numel()).view_as(old)
     ro.sampler_logp = old + shift  # a sampler that is off by a known amount per token
     loss_none, m_none = plain.loss(_ctx(tiny_bundle, ro))
@@ -68,7 +68,7 @@ def test_tis_in_stabledrl_weights_each_sequence(tiny_bundle):
     obj = StableDRL(StableDRLConfig(beta=0.0, share_masks_with_old=True, surrogate="elbo", behaviour_correction="tis",
                                     tis_cap=1.5), est)
     ctx = _ctx(tiny_bundle, ro)
-    elbo = obj.behaviour(ctx)[:, 0]  # (n,)
+    elbo = obj.old_logp(ctx)[:, 0]  # (n,)
     shift = torch.tensor([0.5, -0.2, -2.0, 0.0, 1.0, -0.1, 0.3, -0.5])
     # the sampler's per-token log-probs whose mean over the scored tokens (weighting=mean) is elbo + shift
     ro.sampler_logp = (elbo + shift)[:, None].expand_as(ro.completion_ids).clone()

@@ -309,7 +309,7 @@ def test_elbo_tokens_completion_covers_up_to_eos_and_weights_rows_by_it(real):
     ctx = StepContext(ro, 0, 3, f, f, None)
     for tokens, covered in (("all", torch.ones_like(cmask)), ("completion", cmask)):
         obj = BGPO(BGPOConfig(elbo_tokens=tokens), c.objective.likelihood)
-        s = obj.score(ctx, f, "policy", copies=[0, 5])
+        s = obj.logp_units(ctx, f, "policy", copies=[0, 5])
         assert s.logp.shape == (len(ro.texts), 2, cmask.shape[1])
         assert torch.equal(s.mask, covered[:, None].expand_as(s.mask))
         d = obj.likelihood.draw(obj.mask_seeds(ctx, "policy"), ro.prompt_mask, covered.bool())
@@ -322,7 +322,7 @@ def test_pinned_tokens_are_context_never_masked_or_covered(tmp_path):
     ro = eng(c.task.splits.train[:2], c.bundle.net, 0)
     assert ro.pinned is not None and bool(ro.pinned.any())
     fwd, seen = forward_spy(logits_fn(c.bundle.net))
-    s = c.objective.score(StepContext(ro, 0, 3, fwd, fwd, None), fwd, "policy", copies=[1])
+    s = c.objective.logp_units(StepContext(ro, 0, 3, fwd, fwd, None), fwd, "policy", copies=[1])
     P = ro.prompt_ids.shape[1]
     assert torch.equal(seen[0][:, P:][ro.pinned], ro.completion_ids[ro.pinned])  # shown as they are
     assert not bool(s.mask[:, 0][ro.pinned].any()) and not bool(s.kl_mask[:, 0][ro.pinned].any())

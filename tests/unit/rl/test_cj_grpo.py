@@ -313,8 +313,8 @@ def test_recorded_old_values_equal_the_recomputed_ones_at_theta_old(tiny_bundle)
     ro, _, _ = masked_rollout(tiny_bundle, "eoser-ass")
     fwd = logits_fn(tiny_bundle.net.eval())
     ctx = StepContext(ro, 1, 0, fwd, fwd, None)
-    recompute = objective_of(tiny_bundle).score(ctx, fwd, "old")
-    recorded = objective_of(tiny_bundle, old_logp="recorded").score(StepContext(ro, 1, 0, fwd, fwd, None), fwd, "old")
+    recompute = objective_of(tiny_bundle).logp_units(ctx, fwd, "old")
+    recorded = objective_of(tiny_bundle, old_logp="recorded").logp_units(StepContext(ro, 1, 0, fwd, fwd, None), fwd, "old")
     assert torch.equal(recompute.mask, recorded.mask) and recorded.mask.sum() > 0
     torch.testing.assert_close(recompute.logp * recompute.mask, recorded.logp, atol=2e-5, rtol=0)
 
@@ -336,7 +336,7 @@ def test_block_model_scores_each_transition_as_the_sampler_saw_it():
     obj = objective_of(bundle)
     fwd = logits_fn(bundle.net.eval())
     ctx = StepContext(ro, 1, 0, fwd, fwd, None)
-    s = obj.score(ctx, fwd, "old")
+    s = obj.logp_units(ctx, fwd, "old")
     assert s.mask.sum() > 0
     torch.testing.assert_close(s.logp * s.mask, obj.sampler_units(ctx), atol=2e-5, rtol=0)
     loss, _ = obj.loss(StepContext(ro, 1, 0, logits_fn(perturbed(bundle.net)), fwd, None))

@@ -15,7 +15,7 @@ from diffusion_rl.likelihood.complementary import (
     ComplementaryEstimator,
 )
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.rl.objectives.base import Scores, StepContext
+from diffusion_rl.rl.objectives.base import LogpUnits, StepContext
 from diffusion_rl.rl.objectives.coupled_grpo import (
     CoupledGRPO,
     CoupledGRPOConfig,
@@ -60,7 +60,7 @@ def test_loss_matches_the_transcription_on_random_tensors():
     cfg = CoupledGRPOConfig()
     obj = CoupledGRPO(cfg, ComplementaryEstimator(ComplementaryConfig(), MASK))
     pg, m = coupled_grpo_loss(logp, old, adv[:, None], mask, cfg, group_size=3)
-    kl = obj.kl_term(Scores(logp, mask, kl_logp=logp, kl_mask=mask), Scores(ref, mask), lambda x: x, 3)
+    kl = obj.kl_term(LogpUnits(logp, mask, kl_logp=logp, kl_mask=mask), LogpUnits(ref, mask), lambda x: x, 3)
     ours = pg + cfg.beta * kl
     expected = ref_compute_loss(logp, old, ref, adv, mask, cfg.beta, cfg.eps, cfg.eps_high)
     assert ours.item() == pytest.approx(expected.item(), abs=1e-6)

@@ -285,8 +285,8 @@ def test_objective_equals_the_public_loss_on_real_rollouts(tree_rollout):
     old = logits_fn(net)
     ctx = StepContext(ro, 0, 0, logits_fn(net), old, logits_fn(ref_net), policy_is_old=False, step=12000)
     with torch.no_grad():
-        ctx.old_values[0] = obj.old_values(ctx)  # the behaviour policy = the policy now: ratio 1 ...
-    ctx.old_values[0] = ctx.old_values[0] + 0.3 * torch.rand_like(ctx.old_values[0]) * (ctx.old_values[0] != 0)
+        ctx.precomputed_old_logp[0] = obj.compute_old_logp(ctx)  # the old policy = the policy now: ratio 1 ...
+    ctx.precomputed_old_logp[0] = ctx.precomputed_old_logp[0] + 0.3 * torch.rand_like(ctx.precomputed_old_logp[0]) * (ctx.precomputed_old_logp[0] != 0)
     net.zero_grad()
     loss, metrics = obj.loss(ctx)
     loss.backward()
@@ -304,7 +304,7 @@ def test_objective_equals_the_public_loss_on_real_rollouts(tree_rollout):
     new, comp_mask = ref_transition_logps(logits, parent_ids, child_ids, P, mask_id, eos)
     with torch.no_grad():
         refl, _ = ref_transition_logps(logits_fn(ref_net)(parent_ids, None), parent_ids, child_ids, P, mask_id, eos)
-    theirs = ref_loss(new, ctx.old_values[0], refl, comp_mask, t.advantages[k].float(), obj.cfg.eps, obj.cfg.beta,
+    theirs = ref_loss(new, ctx.precomputed_old_logp[0], refl, comp_mask, t.advantages[k].float(), obj.cfg.eps, obj.cfg.beta,
                       t.parent[k], t.states[k], logits[:, P:], ctx.step, obj.cfg.distill_steps)
     theirs.backward()
     assert torch.allclose(loss, theirs, **TOL)

@@ -15,7 +15,7 @@ from diffusion_rl.likelihood.stratified import (
     StratifiedEstimator,
 )
 from diffusion_rl.models.policy import logits_fn
-from diffusion_rl.rl.objectives.base import Scores, StepContext
+from diffusion_rl.rl.objectives.base import LogpUnits, StepContext
 from diffusion_rl.rl.objectives.espo import ESPO, ESPOConfig, espo_kl, espo_loss
 from diffusion_rl.rl.rollout import RolloutEngine
 from tests.helpers.common import compose_cfg, rollout_of
@@ -57,7 +57,7 @@ def test_loss_matches_the_transcription_on_random_tensors():
     cfg = ESPOConfig()
     obj = ESPO(cfg, StratifiedEstimator(StratifiedConfig(), MASK))
     pg, m = espo_loss(terms, old, adv[:, None], mask, cfg, group_size=3)
-    ours = pg + cfg.beta * obj.kl_term(Scores(terms, mask), Scores(ref, mask), lambda x: x, 3)
+    ours = pg + cfg.beta * obj.kl_term(LogpUnits(terms, mask), LogpUnits(ref, mask), lambda x: x, 3)
     expected = ref_compute_loss(terms.sum(-1), old.sum(-1), ref.sum(-1), adv, L, cfg.beta, cfg.eps, cfg.eps_high)
     assert ours.item() == pytest.approx(expected.item(), abs=1e-6)
     assert m["ratio/clip_frac_low"] + m["ratio/clip_frac_high"] > 0  # the clip was exercised
@@ -157,7 +157,7 @@ def test_elbo_tokens_all_covers_the_padding_and_completion_does_not(real):
     f = logits_fn(c.bundle.net)
     for tokens, covered in (("all", torch.ones_like(cmask)), ("completion", cmask)):
         obj = ESPO(ESPOConfig(elbo_tokens=tokens), c.objective.likelihood)
-        s = obj.score(StepContext(ro, 0, 3, f, f, None), f, "policy")
+        s = obj.logp_units(StepContext(ro, 0, 3, f, f, None), f, "policy")
         assert torch.equal(s.mask, covered)
         assert bool((s.logp[~covered.bool()] == 0).all()) and bool((s.logp[covered.bool()] != 0).any())
 

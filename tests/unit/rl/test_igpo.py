@@ -292,7 +292,7 @@ def test_loss_parity_on_real_rollouts(tmp_path, monkeypatch):
     ro = replace(ro, advantages=torch.tensor([0.5, -0.25, 0.0, -0.25, 1.0, -1.0, 0.25, -0.25]))
     torch.manual_seed(1)
     net = c.bundle.net.eval()
-    old = copy.deepcopy(net).requires_grad_(False)  # the behaviour policy: the rollout's entropies are its
+    old = copy.deepcopy(net).requires_grad_(False)  # the old policy: the rollout's entropies are its
     with torch.no_grad():
         for p in net.parameters():
             p.add_(0.02 * torch.randn_like(p))

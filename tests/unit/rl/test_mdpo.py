@@ -307,8 +307,8 @@ def test_values_are_the_rewards_of_every_steps_prediction_and_the_steps_chosen_b
     loss, metrics = obj.loss(ctx)
     assert torch.isfinite(loss) and metrics["ratio/log_max"].item() == 0  # theta = theta_old
     assert metrics["mdpo/adv_abs_selected"].item() >= metrics["mdpo/adv_abs_mean"].item()
-    obj.cfg.ratio_diagnostic = False  # no behaviour-policy values at all: the same loss
-    assert not obj.needs_old_values()
+    obj.cfg.ratio_diagnostic = False  # no old policy values at all: the same loss
+    assert not obj.needs_old_logp()
     plain, plain_metrics = obj.loss(StepContext(ro, 0, 0, f, None, None))
     assert plain.item() == loss.item() and "ratio/log_max" not in plain_metrics
 

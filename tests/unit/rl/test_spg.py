@@ -94,7 +94,7 @@ def public_loss(per_seq_logps, advantages, completion_mask):
 
 
 def ours_from_logits(logits, noisy, comp, cmask, adv, P, negative="mix", eubo_beta=1.5, mix_weight=0.5):
-    """The project's pieces, composed as SPG.score and the template compose them, on the same noisy
+    """The project's pieces, composed as SPG.logp_units and the template compose them, on the same noisy
     inputs: (B, K, P+L, V) logits, (B, K, P+L) ids."""
     K = noisy.shape[1]
     logp = logits[:, :, P:].float().log_softmax(-1).gather(-1, comp[:, None, :, None].expand(-1, K, -1, 1))
@@ -276,7 +276,7 @@ def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
     from diffusion_rl.training.module import DiffusionRLModule
 
     c, ro = spg_setup(tmp_path, ["objective.ratio_diagnostic=false"])
-    assert not c.objective.needs_old_values()
+    assert not c.objective.needs_old_logp()
 
     def no_old(*args, **kwargs):
         raise AssertionError("the old policy was scored")
@@ -287,7 +287,7 @@ def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
     module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0)
     assert module.old_policy is None  # no frozen copy either
     tis = SPG(SPGConfig(ratio_diagnostic=False, behaviour_correction="tis"), c.objective.likelihood)
-    assert tis.needs_old_values()  # TIS reads the old values whatever the diagnostic says
+    assert tis.needs_old_logp()  # TIS reads the old values whatever the diagnostic says
 
 
 # ---------------------------------------------------------------- configs

@@ -464,7 +464,7 @@ def test_masked_rows_are_the_recorded_states_before_each_step(tiny_bundle):
         steps = sorted({s for s in rec.commit_step[j, P:].tolist()})
         state = rec.state_before(steps[r])[j, P:]
         assert torch.equal(out.completion[j].masked_fill(b["masked"][k], tiny_bundle.mask_token_id), state)
-    old = obj.score(ctx, ctx.old_policy, "old")
+    old = obj.logp_units(ctx, ctx.old_policy, "old")
     q = obj.sampler_units(ctx)
     torch.testing.assert_close(old.logp * old.mask, q, atol=2e-5, rtol=0)
 
@@ -478,7 +478,7 @@ def test_block_rows_score_each_block_as_the_sampler_saw_it():
     obj = objective_of(bundle)
     fwd = logits_fn(bundle.net.eval())
     ctx = StepContext(ro, 0, 0, fwd, fwd, None)
-    s = obj.score(ctx, fwd, "old")
+    s = obj.logp_units(ctx, fwd, "old")
     P = ids.shape[1]
     b = obj._batch(ctx)
     T = rec.num_steps

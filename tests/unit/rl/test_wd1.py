@@ -210,7 +210,7 @@ def test_positive_only_drops_the_unlearning_term(tmp_path):
     ctx = StepContext(ro, 0, 3, logits_fn(net), logits_fn(net), None)
     both, _ = WD1(WD1Config(beta=0.0), c.objective.likelihood).loss(ctx)
     pos, _ = WD1(WD1Config(beta=0.0, negative_term=False), c.objective.likelihood).loss(ctx)
-    seq = (c.objective.score(ctx, logits_fn(net), "policy").logp * ro.scored_mask).sum(-1).view(-1, ro.group_size)
+    seq = (c.objective.logp_units(ctx, logits_fn(net), "policy").logp * ro.scored_mask).sum(-1).view(-1, ro.group_size)
     w_pos, w_neg = group_softmax_weights(ro.advantages, ro.group_size)
     assert pos.item() == pytest.approx(-(w_pos * seq).sum(-1).mean().item(), rel=1e-6)
     assert both.item() == pytest.approx(((w_neg - w_pos) * seq).sum(-1).mean().item(), rel=1e-5, abs=1e-6)

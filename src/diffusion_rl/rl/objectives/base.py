@@ -3,7 +3,7 @@ the helpers every loss uses (``kl_penalty``, ``agg_loss``, ``ratio_metrics``; ve
 
 An objective turns one rollout batch into a scalar loss for one inner update, in three parts:
 
-1. :meth:`Objective.score` asks the likelihood estimator for ``log pi`` *units* of the rollout's
+1. :meth:`Objective.logp_units` asks the likelihood estimator for ``log pi`` *units* of the rollout's
    samples under one policy: ``(n, U)`` with a mask of the units that count (``U`` = completion
    tokens for d1's one-step estimator, 1 for a sequence ELBO, the selected denoising steps for EGSPO);
    a per-token objective returns :meth:`Objective.token_logp`, which scores the rollout on this
@@ -12,25 +12,25 @@ An objective turns one rollout batch into a scalar loss for one inner update, in
 
        loss_fn(logp, old_logp, advantages, mask, cfg, *, group_size, surrogate=None) -> (loss, metrics)
 
-   ``logp`` (B, U) with gradients, ``old_logp`` (B, U) of the behaviour policy (``None`` for a
-   ratio-free objective that did not score it, :meth:`Objective.needs_old_values`), ``advantages`` (B, U)
+   ``logp`` (B, U) with gradients, ``old_logp`` (B, U) of the old policy (``None`` for a
+   ratio-free objective that did not score it, :meth:`Objective.needs_old_logp`), ``advantages`` (B, U)
    or (B, 1), ``mask`` (B, U), ``cfg`` the objective's config, ``group_size`` G (rows ``g*G..g*G+G-1``
    share a prompt), ``surrogate`` (B, U) a term that carries the gradient in place of ``logp`` (only
    StableDRL's ``spg_mix`` passes one; the others ignore it);
 3. the shared KL penalty ``beta * agg_loss(kl_penalty(logp_units, ref_units), mask, kl_agg)`` to the
-   reference policy (the warm start), on the units :meth:`score` gives for it (:meth:`Objective.kl_term`;
+   reference policy (the warm start), on the units :meth:`logp_units` gives for it (:meth:`Objective.kl_term`;
    a method with its own KL form overrides that one method);
 4. the sampler's own log-probability of the rollout in the same units (:meth:`Objective.sampler_units`):
-   ``rollout/mismatch_log_ratio`` against the behaviour values, and, with
+   ``rollout/mismatch_log_ratio`` against the old log-probs, and, with
    ``objective.behaviour_correction=tis``, truncated importance weights on the advantages
    (``rl/objectives/behaviour.py``), so every objective gets the correction through this template.
 
 Every tensor the loss sees is gathered from all processes (``rollout.shard.gather``), so the loss is
 the global batch's on every process (``diffusion_rl/core/distributed.py``). Objectives know nothing of
-Lightning. The behaviour policy's values come from :meth:`Objective.old_values`, which the module
+Lightning. The old policy's values come from :meth:`Objective.compute_old_logp`, which the module
 either calls during each inner update with a frozen copy of the policy (``old_policy=copy``) or for
-every inner iteration right after the rollout, while the policy still *is* the behaviour policy
-(``old_policy=cached``: no second model); :meth:`Objective.behaviour` reads whichever applies.
+every inner iteration right after the rollout, while the policy still *is* the old policy
+(``old_policy=cached``: no second model); :meth:`Objective.old_logp` reads whichever applies.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ class ObjectiveConfig:
 
 
 @dataclass
-class Scores:
-    """Log-likelihood units of the rollout's samples under one policy (what :meth:`Objective.score` gives)."""
+class LogpUnits:
+    """Log-likelihood units of the rollout's samples under one policy (what :meth:`Objective.logp_units` gives)."""
 
     logp: torch.Tensor  # (n, U) units of the ratio (tokens, sequences or steps)
     mask: torch.Tensor  # (n, U) 1 = a unit that counts
@@ -111,7 +111,7 @@ class Scores:
 @dataclass
 class RolloutTools:
     """What an objective's rollout-time hook (:meth:`Objective.revise_rollout`) may call: the rollout
-    engine's own sampler, decoder and rewards, and the behaviour policy, so a hook resamples through the
+    engine's own sampler, decoder and rewards, and the old policy, so a hook resamples through the
     same path as the rollout (IGPO's hinted regeneration)."""
 
     task: Any  # diffusion_rl.tasks.base.Task (a higher layer: not imported here)
@@ -125,7 +125,7 @@ class RolloutTools:
     decode: Callable[[torch.Tensor], list[str]]  # completions (m, L) -> texts up to the first EOS
     # (completions, texts, items) -> composite rewards (m,) and components, as the rollout scored its own
     score: Callable[[torch.Tensor, list[str], list[dict[str, Any]]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-    behaviour: Forward  # the behaviour policy, (ids, attention_mask) -> logits
+    old_policy: Forward  # the old policy, (ids, attention_mask) -> logits
 
 
 @dataclass
@@ -136,12 +136,12 @@ class StepContext:
     inner_iter: int
     run_seed: int
     policy: Forward  # with gradients
-    old_policy: Forward | None  # frozen behaviour policy (None with old_policy=cached)
+    old_policy: Forward | None  # frozen old policy (None with old_policy=cached)
     ref_policy: Forward | None  # frozen reference policy (beta > 0)
     cache: dict[str, Any] = field(default_factory=dict)  # per-rollout memo shared across inner iters
-    old_values: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed old_values()
-    # the policy holds the behaviour policy's weights (the module sets it for the first update after a
-    # rollout): old values scored like the policy's are then the policy's own (scores_old_like_policy)
+    precomputed_old_logp: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed compute_old_logp()
+    # the policy holds the old policy's weights (the module sets it for the first update after a
+    # rollout): old values scored like the policy's are then the policy's own (old_logp_like_policy)
     policy_is_old: bool = False
     step: int = 0  # optimizer steps taken before this update (a schedule over training: d-TreeRPO's)
 
@@ -210,13 +210,13 @@ def as_units(advantages: torch.Tensor) -> torch.Tensor:
 # ---- the objective ----------------------------------------------------------------------
 class Objective(ABC):
     """Subclasses register with ``@OBJECTIVES.register(name)``, set ``config_class`` and
-    ``policy_loss`` (their pure loss function) and implement :meth:`score` (per token:
+    ``policy_loss`` (their pure loss function) and implement :meth:`logp_units` (per token:
     :meth:`token_logp`)."""
 
     config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
     policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
     # advantage estimators (rl/advantages.py) whose output this objective can use
-    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL, MDPO)
     needs_tree: ClassVar[bool] = False  # trains on tree rollouts' edges (rollout.tree, rl/tree.py: d-TreeRPO)
     # the recorder also keeps the sampler's one-step prediction at every step and its confidences (MDPO)
@@ -241,9 +241,9 @@ class Objective(ABC):
 
     def check_advantage(self, name: str) -> None:
         """Fail in one line when the configured advantage estimator does not fit this objective."""
-        if name not in self.advantages:
+        if name not in self.advantage_estimators:
             raise ConfigError("advantage.name", name,
-                              f"objective {self.cfg.name} takes one of: {', '.join(self.advantages)}")
+                              f"objective {self.cfg.name} takes one of: {', '.join(self.advantage_estimators)}")
 
     # ---- rollout-time hooks (called by diffusion_rl.rl.rollout) ----------------------------
     def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
@@ -261,14 +261,14 @@ class Objective(ABC):
 
     # ---- per inner update ---------------------------------------------------------------
     @abstractmethod
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         """Log-likelihood units of the rollout's samples under ``forward`` for this inner update.
 
-        ``role`` is ``"policy"`` (with gradients), ``"old"`` (the behaviour policy) or ``"ref"``
+        ``role`` is ``"policy"`` (with gradients), ``"old"`` (the old policy) or ``"ref"``
         (the reference), so an objective can pick each one's Monte Carlo masks and caches.
         """
 
-    def token_logp(self, ctx: StepContext, forward: Forward, role: str, kl_tokens: str = "completion") -> Scores:
+    def token_logp(self, ctx: StepContext, forward: Forward, role: str, kl_tokens: str = "completion") -> LogpUnits:
         """The likelihood estimator's units of the rollout under ``forward`` for this inner update, scored
         as every per-token objective scores them: this iteration's masks for ``role``
         (:meth:`mask_seeds`, so ``share_masks_with_old`` holds), the policy gradient on
@@ -280,45 +280,45 @@ class Objective(ABC):
         logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask,
                                self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L) or (n,)
         if logp.dim() == 1:  # a sequence-level estimator (ELBO): one unit per sequence
-            return Scores(logp[:, None], torch.ones_like(logp)[:, None])
+            return LogpUnits(logp[:, None], torch.ones_like(logp)[:, None])
         kl_mask = ro.completion_mask
         if kl_tokens == "ignored" and ro.loss_mask is not None:
             kl_mask = ro.completion_mask * (1 - ro.loss_mask)
         if ro.pinned is not None:  # a pinned token is context, not the policy's
             kl_mask = kl_mask * (~ro.pinned).to(kl_mask.dtype)
-        return Scores(logp, ro.scored_mask, kl_logp=logp, kl_mask=kl_mask)
+        return LogpUnits(logp, ro.scored_mask, kl_logp=logp, kl_mask=kl_mask)
 
     def mask_seeds(self, ctx: StepContext, role: str) -> list[int]:
         """Mask seeds of this inner iteration for ``role``: the old policy's, or the new (and the
         reference) policy's, which are the old one's unless ``share_masks_with_old`` is false. Then the
         new policy draws fresh masks every inner iteration and the old one is scored once per rollout,
-        on the first iteration's masks (:meth:`old_key`), as StableDRL's public code takes its old ELBO
+        on the first iteration's masks (:meth:`old_logp_iter`), as StableDRL's public code takes its old ELBO
         at rollout time."""
         ro = ctx.rollout
         fresh = role != "old" and not self.cfg.share_masks_with_old
-        it = self.old_key(ctx.inner_iter) if role == "old" else ctx.inner_iter
+        it = self.old_logp_iter(ctx.inner_iter) if role == "old" else ctx.inner_iter
         return mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0],
                           it + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
 
-    def old_key(self, inner_iter: int) -> int:
+    def old_logp_iter(self, inner_iter: int) -> int:
         """The inner iteration whose old values serve ``inner_iter``: its own when the old policy shares
         the new one's masks, the first otherwise (one old forward per rollout)."""
         return inner_iter if self.cfg.share_masks_with_old else 0
 
-    def needs_old_values(self) -> bool:
-        """Whether each inner update scores the behaviour policy (:meth:`old_values`). True wherever the
+    def needs_old_logp(self) -> bool:
+        """Whether each inner update scores the old policy (:meth:`compute_old_logp`). True wherever the
         loss reads a ratio; a ratio-free objective (``spg``, ``wd1``) returns False unless a diagnostic
         or a behaviour correction asks for it, and then no forward is spent on the old policy, the
         module keeps no frozen copy of it and the loss gets ``old_logp=None``."""
         return True
 
-    def old_values(self, ctx: StepContext) -> torch.Tensor:
-        """What inner update ``ctx.inner_iter`` needs from the behaviour policy ``ctx.old_policy``:
+    def compute_old_logp(self, ctx: StepContext) -> torch.Tensor:
+        """What inner update ``ctx.inner_iter`` needs from the old policy ``ctx.old_policy``:
         its log-likelihood units, (n, U). Called without gradients."""
         assert ctx.old_policy is not None
-        return self.score(ctx, ctx.old_policy, "old").logp
+        return self.logp_units(ctx, ctx.old_policy, "old").logp
 
-    def scores_old_like_policy(self) -> bool:
+    def old_logp_like_policy(self) -> bool:
         """Whether the old policy is scored exactly as the policy (the same masks:
         ``share_masks_with_old``), so that while the two hold the same weights (``ctx.policy_is_old``:
         the first update after a rollout) the old values are the policy's own, detached, the ratio is 1
@@ -326,27 +326,27 @@ class Objective(ABC):
         another way (EGSPO's recorded log-probs) says no."""
         return self.cfg.share_masks_with_old
 
-    def behaviour(self, ctx: StepContext) -> torch.Tensor:
-        """:meth:`old_values` for this inner update: precomputed at rollout time, or computed now (and
-        kept for the later updates they serve, :meth:`old_key`)."""
-        key = self.old_key(ctx.inner_iter)
-        if key not in ctx.old_values:
+    def old_logp(self, ctx: StepContext) -> torch.Tensor:
+        """:meth:`compute_old_logp` for this inner update: precomputed at rollout time, or computed now (and
+        kept for the later updates they serve, :meth:`old_logp_iter`)."""
+        key = self.old_logp_iter(ctx.inner_iter)
+        if key not in ctx.precomputed_old_logp:
             with torch.no_grad():
-                ctx.old_values[key] = self.old_values(ctx)
-        return ctx.old_values[key]
+                ctx.precomputed_old_logp[key] = self.compute_old_logp(ctx)
+        return ctx.precomputed_old_logp[key]
 
-    def precompute_old(self, ctx: StepContext, num_iters: int) -> None:
-        """Fill ``ctx.old_values`` for inner iterations ``0 .. num_iters - 1`` (``ctx.old_policy`` must
-        be the behaviour policy now)."""
-        if not self.needs_old_values():
+    def precompute_old_logp(self, ctx: StepContext, num_iters: int) -> None:
+        """Fill ``ctx.precomputed_old_logp`` for inner iterations ``0 .. num_iters - 1`` (``ctx.old_policy`` must
+        be the old policy now)."""
+        if not self.needs_old_logp():
             return
         with torch.no_grad():
             for it in range(num_iters):
-                if it == 0 and ctx.policy_is_old and self.scores_old_like_policy():
+                if it == 0 and ctx.policy_is_old and self.old_logp_like_policy():
                     continue  # the first update takes them from the policy's own forward
-                if self.old_key(it) not in ctx.old_values:
+                if self.old_logp_iter(it) not in ctx.precomputed_old_logp:
                     ctx.inner_iter = it
-                    ctx.old_values[self.old_key(it)] = self.old_values(ctx)
+                    ctx.precomputed_old_logp[self.old_logp_iter(it)] = self.compute_old_logp(ctx)
         ctx.inner_iter = 0
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
@@ -354,7 +354,7 @@ class Objective(ABC):
         return as_units(ctx.rollout.advantages)
 
     def sampler_units(self, ctx: StepContext) -> torch.Tensor | None:
-        """The sampler's own log-probability of the rollout in the units of :meth:`score`, (n, U), or
+        """The sampler's own log-probability of the rollout in the units of :meth:`logp_units`, (n, U), or
         None when the rollout carries none. Default: the likelihood estimator's reduction of
         ``Rollout.sampler_logp`` (``LikelihoodEstimator.sampler_units``; what is comparable per
         estimator: ``rl/objectives/behaviour.py``)."""
@@ -371,15 +371,15 @@ class Objective(ABC):
     def loss(self, ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss of the *global* batch for one inner update and its detached metrics."""
         ro, c = ctx.rollout, self.cfg
-        s = self.score(ctx, ctx.policy, "policy")
+        s = self.logp_units(ctx, ctx.policy, "policy")
         old = None
-        if self.needs_old_values():
-            alike = ctx.policy_is_old and self.scores_old_like_policy()
-            old = s.logp.detach() if alike else self.behaviour(ctx)
+        if self.needs_old_logp():
+            alike = ctx.policy_is_old and self.old_logp_like_policy()
+            old = s.logp.detach() if alike else self.old_logp(ctx)
         ref = None
         if c.beta > 0 and ctx.ref_policy is not None:
             with torch.no_grad():
-                ref = self.score(ctx, ctx.ref_policy, "ref")
+                ref = self.logp_units(ctx, ctx.ref_policy, "ref")
         g = ro.shard.gather  # every process's rows (identity on one process)
         surrogate = None if s.surrogate is None else g(s.surrogate)
         old = None if old is None else g(old)
@@ -402,7 +402,7 @@ class Objective(ABC):
         Default: one part, :meth:`loss`."""
         yield self.loss(ctx)
 
-    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor],
+    def kl_term(self, policy: LogpUnits, ref: LogpUnits, gather: Callable[[torch.Tensor], torch.Tensor],
                 group_size: int) -> torch.Tensor:
         """The KL penalty before its weight ``beta``: the k3 estimator on the KL units, reduced by
         ``kl_agg``. An objective whose method defines another KL form overrides this (ESPO: half the
@@ -414,11 +414,11 @@ class Objective(ABC):
                              mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The global batch's advantages, times the truncated importance weights with
         ``behaviour_correction=tis``, and the mismatch metrics. ``old`` and ``mask`` (N, U) gathered;
-        ``old=None`` (the behaviour policy was not scored): no mismatch to measure."""
+        ``old=None`` (the old policy was not scored): no mismatch to measure."""
         c, g = self.cfg, ctx.rollout.shard.gather
         adv = g(self.unit_advantages(ctx))
         if old is None:
-            if c.behaviour_correction != "none":  # needs_old_values() must say True then
+            if c.behaviour_correction != "none":  # needs_old_logp() must say True then
                 raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the behaviour "
                                    "policy's values, which this objective did not compute")
             return adv, {}

@@ -26,7 +26,7 @@ What is comparable, per estimator (``log pi_old`` is the estimator at ``theta = 
   sampler the mismatch is 0 up to float batching, and a non-zero value is the sampler's
   approximation alone (stale cache). Parallel decoding (``decode=threshold``) is no mismatch here:
   the step's action is its committed set, scored as the product of the same marginals either way.
-  With ``objective.old_logp=recorded`` the behaviour values *are* the sampler's: mismatch 0, ``w = 1``.
+  With ``objective.old_logp=recorded`` the old log-probs *are* the sampler's: mismatch 0, ``w = 1``.
 - **one_step** (d1): per completion token, the sampler's log-probability at commit time (given the
   partly decoded state) against d1's (given a fully masked completion). Different conditionals of the
   same model: the mismatch is not 0 even for the exact sampler (it holds d1's mean-field gap); a

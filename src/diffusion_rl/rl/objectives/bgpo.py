@@ -3,7 +3,7 @@ copies separate and each is one forward and one backward.
 
 With ``E_bj`` copy ``j``'s estimate of sequence ``b``'s log-likelihood (``likelihood=even_counts``:
 ``K = 16`` copies whose mask counts ``x_bj`` spread evenly over ``1..n_b``, ``E_bj = (n_b / x_bj) *
-sum of the masked tokens' log-probs``), ``E^old_bj`` the behaviour policy's on the same masks, ``L`` the
+sum of the masked tokens' log-probs``), ``E^old_bj`` the old policy's on the same masks, ``L`` the
 padded completion length and ``A_b`` the advantage::
 
     z_bj = (E_bj - E^old_bj) / L
@@ -70,9 +70,9 @@ from diffusion_rl.likelihood.even_counts import EvenCountsEstimator, copy_estima
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     agg_loss,
     masked_mean,
@@ -111,7 +111,7 @@ class BGPOConfig(ObjectiveConfig):
 
 def bgpo_loss(
     logp: torch.Tensor,  # (B, K, L) each copy's estimate E_bj, repeated over the positions, with grad
-    old_logp: torch.Tensor,  # (B, K, L) the behaviour policy's on the same masks
+    old_logp: torch.Tensor,  # (B, K, L) the old policy's on the same masks
     advantages: torch.Tensor,  # (B, 1, 1)
     mask: torch.Tensor,  # (B, K, L) the covered positions of each row, the same for every copy
     cfg: BGPOConfig,
@@ -176,10 +176,10 @@ class BGPO(Objective):
         ro = ctx.rollout
         return mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0], 0, ro.shard.offset)
 
-    def old_key(self, inner_iter: int) -> int:
+    def old_logp_iter(self, inner_iter: int) -> int:
         return 0  # the old estimates sit on the rollout's masks: one set per rollout
 
-    def score(self, ctx: StepContext, forward: Forward, role: str, copies: list[int] | None = None) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str, copies: list[int] | None = None) -> LogpUnits:
         """Every copy's estimate (or those of ``copies``) repeated over the covered positions: (n, C, L)."""
         ro = ctx.rollout
         covered = self.covered(ctx)  # (n, L)
@@ -189,7 +189,7 @@ class BGPO(Objective):
         L = covered.shape[1]
         mask = covered[:, None, :].expand(-1, est.shape[1], L)  # (n, C, L)
         # the KL anchor's units: each copy's masked tokens
-        return Scores(est[..., None].expand(-1, -1, L), mask, kl_logp=s.token_logps.transpose(0, 1),
+        return LogpUnits(est[..., None].expand(-1, -1, L), mask, kl_logp=s.token_logps.transpose(0, 1),
                       kl_mask=s.masked.transpose(0, 1))
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
@@ -210,19 +210,19 @@ class BGPO(Objective):
             return
         ro, c, g = ctx.rollout, self.cfg, ctx.rollout.shard.gather
         K = self.likelihood.cfg.num_samples
-        alike = ctx.policy_is_old and self.scores_old_like_policy()
-        old_all = None if alike else g(self.behaviour(ctx))  # (N, K, L) without gradients
+        alike = ctx.policy_is_old and self.old_logp_like_policy()
+        old_all = None if alike else g(self.old_logp(ctx))  # (N, K, L) without gradients
         adv = g(self.unit_advantages(ctx))  # (N, 1, 1)
         news, olds, masks = [], [], []
         kl = torch.zeros(())
         for j in range(K):
-            s = self.score(ctx, ctx.policy, "policy", copies=[j])  # (n, 1, L) with gradients
+            s = self.logp_units(ctx, ctx.policy, "policy", copies=[j])  # (n, 1, L) with gradients
             new, mask = g(s.logp), g(s.mask)
             old = new.detach() if old_all is None else old_all[:, j:j + 1]
             loss, _ = self.policy_loss(new, old, adv, mask, c, group_size=ro.group_size)
             if c.beta > 0 and ctx.ref_policy is not None:
                 with torch.no_grad():
-                    ref = self.score(ctx, ctx.ref_policy, "ref", copies=[j])
+                    ref = self.logp_units(ctx, ctx.ref_policy, "ref", copies=[j])
                 kl_j = self.kl_term(s, ref, g, ro.group_size)
                 loss = loss + c.beta * kl_j
                 kl = kl.to(kl_j.device) + kl_j.detach() / K

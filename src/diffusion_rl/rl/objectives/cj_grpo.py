@@ -75,9 +75,9 @@ from diffusion_rl.likelihood.stepwise import stepwise_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     kl_penalty,
     ratio_metrics,
@@ -129,7 +129,7 @@ def transition_mean(values: torch.Tensor, mask: torch.Tensor, rows_per_set: int)
 
 def cj_grpo_loss(
     logp: torch.Tensor,  # (N, T, L) per (sample, transition, position) log-probs of the unmasked tokens, with grad
-    old_logp: torch.Tensor,  # (N, T, L) the behaviour policy's, no grad
+    old_logp: torch.Tensor,  # (N, T, L) the old policy's, no grad
     advantages: torch.Tensor,  # (N, 1, 1) per sample, or broadcastable to (N, T, L)
     mask: torch.Tensor,  # (N, T, L) 1 = a token transition t unmasked
     cfg: CJGRPOConfig,
@@ -155,7 +155,7 @@ class CJGRPO(Objective):
     config_class = CJGRPOConfig
     cfg: CJGRPOConfig
     policy_loss = staticmethod(cj_grpo_loss)
-    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "zscore", "per_token")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "zscore", "per_token")
     needs_trajectory = True
 
     def __init__(self, cfg: CJGRPOConfig, likelihood):
@@ -230,26 +230,26 @@ class CJGRPO(Objective):
         return int(shard.all_reduce_sum(counts).max())
 
     # ---- per inner update ---------------------------------------------------------------
-    def old_key(self, inner_iter: int) -> int:
+    def old_logp_iter(self, inner_iter: int) -> int:
         """One set of old values per rollout: a transition is scored without random masks, so every
         inner update shares them (the public code takes them once, at rollout time)."""
         return 0
 
-    def scores_old_like_policy(self) -> bool:
-        return super().scores_old_like_policy() and self.cfg.old_logp == "recompute"
+    def old_logp_like_policy(self) -> bool:
+        return super().old_logp_like_policy() and self.cfg.old_logp == "recompute"
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         plan = self._plan(ctx)
         mask = plan["mask"]
         if role == "old" and self.cfg.old_logp == "recorded":
             recorded = self.sampler_units(ctx)
             assert recorded is not None, "objective.old_logp=recorded needs the sampler's log-probs"
-            return Scores(recorded, mask)
+            return LogpUnits(recorded, mask)
         if role == "ref":  # a frozen policy: its values serve every inner update of the rollout
             if "cj_grpo/ref" not in ctx.cache:
                 ctx.cache["cj_grpo/ref"] = plan["run"](forward)
-            return Scores(ctx.cache["cj_grpo/ref"], mask)
-        return Scores(plan["run"](forward), mask)
+            return LogpUnits(ctx.cache["cj_grpo/ref"], mask)
+        return LogpUnits(plan["run"](forward), mask)
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """(n, 1, 1) per sample, or (n, 1, L) per token: the same for every transition."""
@@ -265,7 +265,7 @@ class CJGRPO(Objective):
         mask = self._plan(ctx)["mask"]
         return ro.sampler_logp.to(mask)[:, None, :] * mask  # (n, T, L)
 
-    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor],
+    def kl_term(self, policy: LogpUnits, ref: LogpUnits, gather: Callable[[torch.Tensor], torch.Tensor],
                 group_size: int) -> torch.Tensor:
         """The k3 KL to the reference, reduced as the policy loss (:func:`transition_mean`)."""
         kl = gather(kl_penalty(policy.logp, ref.logp))  # (N, T, L)

@@ -60,7 +60,7 @@ class CoupledGRPOConfig(GRPOConfig):
 
 def coupled_grpo_loss(
     logp: torch.Tensor,  # (B, L) per-token complementary-mask log-probs, with grad
-    old_logp: torch.Tensor,  # (B, L) the behaviour policy's, on the same masks
+    old_logp: torch.Tensor,  # (B, L) the old policy's, on the same masks
     advantages: torch.Tensor,  # (B, 1) or (B, L)
     mask: torch.Tensor,  # (B, L) the completion tokens that count
     cfg: GRPOConfig,  # eps, eps_high, agg (token-mean: the public code's)

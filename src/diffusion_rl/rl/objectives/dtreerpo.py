@@ -69,9 +69,9 @@ from diffusion_rl.likelihood.trace import masked_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     agg_loss,
     ratio_metrics,
@@ -118,7 +118,7 @@ def schedule(cfg: DTreeRPOConfig, step: int) -> tuple[float, float]:
 
 def dtreerpo_loss(
     logp: torch.Tensor,  # (K, L) log-prob of each edge's child tokens on its parent state, with grad
-    old_logp: torch.Tensor,  # (K, L) the behaviour policy's
+    old_logp: torch.Tensor,  # (K, L) the old policy's
     advantages: torch.Tensor,  # (K, 1) each edge's sibling advantage
     mask: torch.Tensor,  # (K, L) the trained tokens
     cfg: DTreeRPOConfig,
@@ -178,7 +178,7 @@ class DTreeRPO(Objective):
     cfg: DTreeRPOConfig
     policy_loss = staticmethod(dtreerpo_loss)
     # the rollout's leaf advantages are not used: the edges' come from the tree (rl/tree.py)
-    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     needs_tree = True
 
     def __init__(self, cfg: DTreeRPOConfig, likelihood):
@@ -212,7 +212,7 @@ class DTreeRPO(Objective):
         ctx.cache["dtreerpo/edges"] = memo
         return memo
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         e, ro = self.edges(ctx), ctx.rollout
         r = e["row"]
         logp = masked_logps(forward, ro.prompt_ids[r], ro.prompt_mask[r], e["child"], e["masked"], e["trained"],
@@ -220,7 +220,7 @@ class DTreeRPO(Objective):
         mask = e["trained"].to(logp.dtype)
         if role == "policy":
             ctx.cache["dtreerpo/policy_logp"] = logp
-        return Scores(logp, mask)
+        return LogpUnits(logp, mask)
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         return self.edges(ctx)["advantages"][:, None]  # (K, 1)

@@ -58,8 +58,8 @@ from diffusion_rl.likelihood.stepwise import stepwise_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
-    Scores,
     StepContext,
     masked_mean,
 )
@@ -119,7 +119,7 @@ class EGSPO(Objective):
     config_class = EGSPOConfig
     cfg: EGSPOConfig
     policy_loss = staticmethod(grpo_loss)  # the clipped surrogate, per selected step
-    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "stepwise")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "stepwise")
     needs_trajectory = True
 
     def __init__(self, cfg: EGSPOConfig, likelihood):
@@ -183,16 +183,16 @@ class EGSPO(Objective):
         ctx.cache["egspo/batch"] = memo
         return memo
 
-    def scores_old_like_policy(self) -> bool:
-        return super().scores_old_like_policy() and self.cfg.old_logp == "recompute"
+    def old_logp_like_policy(self) -> bool:
+        return super().old_logp_like_policy() and self.cfg.old_logp == "recompute"
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         b = self._batch(ctx)
         mask = b["valid"].float()
         if role == "policy":
-            return Scores(b["run"](forward), mask)
+            return LogpUnits(b["run"](forward), mask)
         if role == "old" and self.cfg.old_logp == "recorded":
-            return Scores(self._recorded(ctx), mask)
+            return LogpUnits(self._recorded(ctx), mask)
         # frozen policies: each slot's values are computed once per rollout and kept
         done: dict[int, torch.Tensor] = ctx.cache.setdefault(f"egspo/{role}", {})
         if any(k not in done for k in b["slots"]):
@@ -201,7 +201,7 @@ class EGSPO(Objective):
             cost[role, ctx.inner_iter] = cost.get((role, ctx.inner_iter), 0.0) + float(b["rows"].numel())
             for j, k in enumerate(b["slots"]):
                 done.setdefault(k, vals[:, j])
-        return Scores(torch.stack([done[k] for k in b["slots"]], 1), mask)
+        return LogpUnits(torch.stack([done[k] for k in b["slots"]], 1), mask)
 
     def _recorded(self, ctx: StepContext) -> torch.Tensor:
         """The sampler's own log pi(step s) of this update's slots, as it recorded them. (N, K')"""

@@ -31,4 +31,4 @@ class EGSPOSAConfig(EGSPOConfig):
 @OBJECTIVES.register("egspo_sa")
 class EGSPOSA(EGSPO):
     config_class = EGSPOSAConfig
-    advantages: ClassVar[tuple[str, ...]] = ("stepwise",)
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("stepwise",)

@@ -52,9 +52,9 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     ratio_metrics,
 )
@@ -92,7 +92,7 @@ def sequence_elbo(terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def espo_loss(
     logp: torch.Tensor,  # (B, L) per-position ELBO terms of the new policy, with grad
-    old_logp: torch.Tensor,  # (B, L) the behaviour policy's, on the same masks
+    old_logp: torch.Tensor,  # (B, L) the old policy's, on the same masks
     advantages: torch.Tensor,  # (B, 1)
     mask: torch.Tensor,  # (B, L) the positions the ELBO covers (all ones with elbo_tokens=all)
     cfg: ESPOConfig,
@@ -137,13 +137,13 @@ class ESPO(Objective):
         every = torch.ones_like(ro.completion_mask)
         return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)  # pinned tokens are context
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout
         mask = self.covered(ctx)
         terms = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, mask,
                                 self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L)
-        return Scores(terms, mask)
+        return LogpUnits(terms, mask)
 
-    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor],
+    def kl_term(self, policy: LogpUnits, ref: LogpUnits, gather: Callable[[torch.Tensor], torch.Tensor],
                 group_size: int) -> torch.Tensor:
         return espo_kl(gather(policy.logp), gather(ref.logp), gather(policy.mask))

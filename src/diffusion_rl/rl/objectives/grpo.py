@@ -35,9 +35,9 @@ from diffusion_rl.rl.objectives.base import (
     AGG_MODES,
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     agg_loss,
     ratio_metrics,
@@ -104,7 +104,7 @@ class GRPO(Objective):
     config_class = GRPOConfig
     cfg: GRPOConfig
     policy_loss = staticmethod(grpo_loss)
-    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "per_token")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "per_token")
 
     def __init__(self, cfg: GRPOConfig, likelihood):
         super().__init__(cfg, likelihood)
@@ -115,6 +115,6 @@ class GRPO(Objective):
         if name == "per_token" and not self.likelihood.per_token:
             raise ConfigError("advantage.name", name, "needs a per-token likelihood (likelihood=one_step)")
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         # the policy gradient acts on the tokens the reward reads; the KL anchor on kl_tokens
         return self.token_logp(ctx, forward, role, kl_tokens=self.cfg.kl_tokens)

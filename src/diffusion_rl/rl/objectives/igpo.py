@@ -1,7 +1,7 @@
 """IGPO: inpainting-guided policy optimisation -- hinted samples for groups the policy gets all wrong.
 
 At rollout time, for every group whose ``G`` samples are all wrong (``Task.correctness``), the
-behaviour policy samples the group again with **hints** -- chunks of the task's reference completion
+old policy samples the group again with **hints** -- chunks of the task's reference completion
 (``Task.hint_reference``) fixed in the sampler's canvas -- and up to ``max_replacements`` rows of the
 group (its first ones) are replaced by correct hinted samples; a hinted group stays all wrong when
 none is correct. Row ``j`` of a group reveals a share ``f_j`` of the reference's chunks, the ``G``
@@ -14,7 +14,7 @@ positions never hold a hint. The loss is GSPO's sequence ratio with PPO's clip, 
 
 with ``A = r - mean_G(r)`` (``advantage=group``) and the one-step estimator (completion fully masked;
 the public run keeps the prompt clear). The kept units are the completion's tokens except hint tokens: of a row's hint tokens
-only the ``hint_entropy_keep`` share (at least one) where the behaviour policy's predictive entropy
+only the ``hint_entropy_keep`` share (at least one) where the old policy's predictive entropy
 (completion masked) is highest count (:func:`entropy_filter`).
 
 Source: Zhao et al. 2025, "Inpainting-Guided Policy Optimization for Diffusion Large Language
@@ -37,7 +37,7 @@ Deviations from the public code:
   the public one reads its correctness reward at 3.0;
 - the public code cannot run as released with one inner iteration (``num_iterations=1`` leaves the
   masked-position mask and the entropies undefined, L1813); here the entropies always come from the
-  behaviour policy at rollout time, and ``mu=1`` follows the same math (the ratio is then 1);
+  old policy at rollout time, and ``mu=1`` follows the same math (the ratio is then 1);
 - units: the public mask counts every completion position the forward masked, past the first EOS
   too; here the completion up to its first EOS (``Rollout.scored_mask``, as every objective). The
   sequence ratio averages all ``L`` positions as in the public code, a task's pinned tokens
@@ -70,10 +70,10 @@ from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
     RolloutTools,
-    Scores,
     StepContext,
     agg_loss,
     ratio_metrics,
@@ -250,7 +250,7 @@ class IGPO(Objective):
     config_class = IGPOConfig
     cfg: IGPOConfig
     policy_loss = staticmethod(igpo_loss)
-    advantages: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     kl_agg = "group-token-mean"  # the public code adds beta * k3 per token before the token mean
 
     def __init__(self, cfg: IGPOConfig, likelihood):
@@ -261,7 +261,7 @@ class IGPO(Objective):
 
     def revise_rollout(self, ro: Rollout, tools: RolloutTools) -> tuple[Rollout, dict[str, float]]:
         """Resample every all-wrong group with hints and replace up to ``max_replacements`` of its rows by
-        correct hinted samples; attach the hint positions and the behaviour policy's entropies."""
+        correct hinted samples; attach the hint positions and the old policy's entropies."""
         c, G, n, L = self.cfg, ro.group_size, ro.completion_ids.shape[0], ro.completion_ids.shape[1]
         if n % G or ro.shard.offset % G:
             raise ConfigError("task.group_size", G, f"IGPO needs each process's {n} rows in whole groups")
@@ -308,7 +308,7 @@ class IGPO(Objective):
         entropy = torch.zeros(n, L, device=comp.device)
         rows_hinted = hints.any(-1)
         pinned = None if ro.pinned is None else ro.pinned[rows_hinted]
-        entropy[rows_hinted] = masked_entropy(tools.behaviour, ro.prompt_ids[rows_hinted], ro.prompt_mask[rows_hinted],
+        entropy[rows_hinted] = masked_entropy(tools.old_policy, ro.prompt_ids[rows_hinted], ro.prompt_mask[rows_hinted],
                                               comp[rows_hinted], pinned, tools.mask_id).to(entropy)
         return replace(ro, completion_ids=comp, completion_mask=eos, texts=texts, rewards=rewards, all_rewards=rewards,
                        advantages=rewards, reward_components=components, sampler_logp=sampler_logp, hints=hints,
@@ -334,13 +334,13 @@ class IGPO(Objective):
         """(n, L) the units the loss counts: the scored completion, hint tokens by :func:`entropy_filter`."""
         return entropy_filter(ro.scored_mask, ro.hints, ro.hint_entropy, self.cfg.hint_entropy_keep)
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout
         logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask,
                                self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L)
         if ro.pinned is not None:  # a pinned token is context: log-ratio 0 in the sequence mean
             logp = logp.masked_fill(ro.pinned, 0.0)
-        return Scores(logp, self.kept_units(ro))
+        return LogpUnits(logp, self.kept_units(ro))
 
     def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
         ro = ctx.rollout

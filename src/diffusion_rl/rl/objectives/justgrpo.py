@@ -76,9 +76,9 @@ from diffusion_rl.likelihood.left_to_right import left_to_right_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     ratio_metrics,
 )
@@ -183,10 +183,10 @@ class JustGRPO(Objective):
         return replace(sampler, block_length=1, steps=sampler.gen_length, temperature=1.0, decode="fixed",
                        cache="none", cfg_scale=0.0, remasking="low_confidence")
 
-    def needs_old_values(self) -> bool:
+    def needs_old_logp(self) -> bool:
         return self.cfg.ratio_diagnostic
 
-    def scores_old_like_policy(self) -> bool:
+    def old_logp_like_policy(self) -> bool:
         return False  # the old values are the sampler's own log-probs, not a second scoring
 
     def tokens(self, ctx: StepContext) -> torch.Tensor:
@@ -197,19 +197,19 @@ class JustGRPO(Objective):
         every = torch.ones_like(ro.completion_mask)
         return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout
         mask = self.tokens(ctx)
         logp = left_to_right_logps(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, mask.bool(),
                                    self.likelihood.mask_id, ro.pinned, self.cfg.rows_per_forward)
-        return Scores(logp, mask)
+        return LogpUnits(logp, mask)
 
-    def old_values(self, ctx: StepContext) -> torch.Tensor:
+    def compute_old_logp(self, ctx: StepContext) -> torch.Tensor:
         """The rollout policy's log-prob of each scored token: the sampler's own, recorded as it drew the
         token from the same input the loss scores (no forward); a rollout without them is scored."""
         ro = ctx.rollout
         if ro.sampler_logp is None:
-            return super().old_values(ctx)
+            return super().compute_old_logp(ctx)
         return ro.sampler_logp * self.tokens(ctx).to(ro.sampler_logp.dtype)
 
     def sampler_units(self, ctx: StepContext) -> torch.Tensor | None:

@@ -87,9 +87,9 @@ from diffusion_rl.likelihood.base import token_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     masked_mean,
     ratio_metrics,
@@ -164,7 +164,7 @@ class MDPO(Objective):
     config_class = MDPOConfig
     cfg: MDPOConfig
     policy_loss = staticmethod(mdpo_loss)
-    advantages: ClassVar[tuple[str, ...]] = ("mdpo",)
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("mdpo",)
     needs_trajectory = True
     needs_predictions = True
 
@@ -174,10 +174,10 @@ class MDPO(Objective):
                               "objective=mdpo needs a masked-diffusion model (block_size 0): a block model's sampler "
                               "computes no logits outside its current block, where MDPO's one-step prediction lies")
 
-    def needs_old_values(self) -> bool:
+    def needs_old_logp(self) -> bool:
         return self.cfg.ratio_diagnostic
 
-    def old_key(self, inner_iter: int) -> int:
+    def old_logp_iter(self, inner_iter: int) -> int:
         """Every inner update trains the same steps on the same rows: one old forward per rollout."""
         return 0
 
@@ -246,16 +246,16 @@ class MDPO(Objective):
         return logp.new_zeros(n * K, L).index_copy(0, rows, logp).view(n, K, L)
 
     # ---- per inner update ---------------------------------------------------------------
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         """The units of every trained (sample, step, position); the KL's weights are the rollout
         confidences (:meth:`kl_term` reads them as ``kl_mask``)."""
         plan = self._plan(ctx)
         n, K = plan["steps"].shape
         logp = self._logps(forward, plan)
         mask = plan["trained"].view(n, K, -1).to(logp.dtype)
-        return Scores(logp, mask, kl_logp=logp, kl_mask=plan["conf"])
+        return LogpUnits(logp, mask, kl_logp=logp, kl_mask=plan["conf"])
 
-    def kl_term(self, policy: Scores, ref: Scores, gather: Callable[[torch.Tensor], torch.Tensor],
+    def kl_term(self, policy: LogpUnits, ref: LogpUnits, gather: Callable[[torch.Tensor], torch.Tensor],
                 group_size: int) -> torch.Tensor:
         assert policy.kl_mask is not None
         return mdpo_kl(gather(policy.logp), gather(ref.logp), gather(policy.kl_mask), gather(policy.mask))

@@ -37,8 +37,8 @@ with ``weighting=mean`` works too. Deviations from the public code:
   Sudoku anchor: its reward ignores the given cells) adds the shared k3 KL to the warm start on each
   Monte Carlo sample's scored tokens, as StableDRL's does; ``beta=0`` is the public setting;
 - ``ratio/*`` is a diagnostic the method does not use: the per-sequence ELBO log-ratio of the policy
-  against the rollout (behaviour) policy on the same masks, ``ratio_diagnostic=true``, at one extra
-  forward without gradients per update; ``false`` computes no behaviour-policy values at all (and
+  against the rollout (old) policy on the same masks, ``ratio_diagnostic=true``, at one extra
+  forward without gradients per update; ``false`` computes no old policy values at all (and
   keeps no frozen copy of it). Nothing is clipped, so ``ratio/clip_frac_*`` are 0.
 """
 
@@ -54,9 +54,9 @@ from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     agg_loss,
     masked_mean,
@@ -88,7 +88,7 @@ class SPGConfig(ObjectiveConfig):
 
 def spg_loss(
     logp: torch.Tensor,  # (B, L) each row's ELBO, repeated over its completion tokens, with grad
-    old_logp: torch.Tensor | None,  # (B, L) the behaviour policy's, or None (no diagnostic)
+    old_logp: torch.Tensor | None,  # (B, L) the old policy's, or None (no diagnostic)
     advantages: torch.Tensor,  # (B, 1), or (B, L) with per-token TIS weights
     mask: torch.Tensor,  # (B, L) completion tokens
     cfg: SPGConfig,
@@ -129,7 +129,7 @@ class SPG(Objective):
             raise ConfigError("likelihood.weighting", likelihood.cfg.weighting,
                               "objective=spg needs likelihood.weighting=mean (its bounds are per-token means)")
 
-    def needs_old_values(self) -> bool:
+    def needs_old_logp(self) -> bool:
         return self.cfg.ratio_diagnostic or self.cfg.behaviour_correction != "none"
 
     def negative_bound(self, s: ELBOSample, elbo: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,7 @@ class SPG(Objective):
         eubo = eubo_from_logps(s.token_logps, s.masked, s.t, c.eubo_beta)  # (n,)
         return eubo if c.negative == "eubo" else c.mix_weight * eubo + (1 - c.mix_weight) * elbo
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout
         data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask)
         s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role), pinned=ro.pinned)
@@ -154,5 +154,5 @@ class SPG(Objective):
             surrogate = bound[:, None].expand(-1, L)
         # each sequence counts once per completion token (SPG's len_i weights): its bound is repeated
         # over them and the loss takes their token-mean; the KL anchor acts on every sample's scored tokens
-        return Scores(elbo[:, None].expand(-1, L), ro.scored_mask, kl_logp=s.token_logps.transpose(0, 1),
+        return LogpUnits(elbo[:, None].expand(-1, L), ro.scored_mask, kl_logp=s.token_logps.transpose(0, 1),
                       kl_mask=s.masked.transpose(0, 1), surrogate=surrogate)

@@ -64,9 +64,9 @@ from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     ratio_metrics,
 )
@@ -193,7 +193,7 @@ class StableDRL(Objective):
                 raise ConfigError("likelihood.weighting", likelihood.cfg.weighting,
                                   "objective.surrogate=spg_mix needs likelihood.weighting=mean (the SPG code's scale)")
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro, c = ctx.rollout, self.cfg
         data = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask)
         s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role), pinned=ro.pinned)
@@ -204,5 +204,5 @@ class StableDRL(Objective):
             mix = (1 - c.mix_weight) * elbo + c.mix_weight * eubo
             surrogate = torch.where(ro.advantages > 0, elbo, mix)[:, None]
         # the KL anchor's units: every Monte Carlo sample's masked tokens, (n, K, L)
-        return Scores(elbo[:, None], torch.ones_like(elbo)[:, None], kl_logp=s.token_logps.transpose(0, 1),
+        return LogpUnits(elbo[:, None], torch.ones_like(elbo)[:, None], kl_logp=s.token_logps.transpose(0, 1),
                       kl_mask=s.masked.transpose(0, 1), surrogate=surrogate)

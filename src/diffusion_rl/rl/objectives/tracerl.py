@@ -88,9 +88,9 @@ from diffusion_rl.likelihood.trace import (
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     ratio_metrics,
 )
@@ -190,7 +190,7 @@ class TraceRL(Objective):
     config_class = TraceRLConfig
     cfg: TraceRLConfig
     policy_loss = staticmethod(tracerl_loss)
-    advantages: ClassVar[tuple[str, ...]] = ("zscore", "group", "group_std", "loo", "per_token")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("zscore", "group", "group_std", "loo", "per_token")
     needs_trajectory = True
     kl_agg = "token-mean"  # the optional reference KL (beta > 0): mean over every trained token
 
@@ -307,14 +307,14 @@ class TraceRL(Objective):
         return torch.cat([x, x.new_zeros(M - x.shape[0], *x.shape[1:])]) if x.shape[0] < M else x
 
     # ---- per inner update ---------------------------------------------------------------
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         b, ro = self._batch(ctx), ctx.rollout
         s = b["sample"]
         args = (forward, ro.prompt_ids[s], ro.prompt_mask[s], ro.completion_ids[s], b["masked"], b["select"],
                 self.likelihood.mask_id)
         logp = block_logps(*args, self.block_size) if self.block_size else masked_logps(*args)  # (m, L)
         mask = b["trained"].to(logp.dtype)
-        return Scores(self._pad(logp, b["rows"]), self._pad(mask, b["rows"]))
+        return LogpUnits(self._pad(logp, b["rows"]), self._pad(mask, b["rows"]))
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """Each row's sample's advantage: (M, 1), or (M, L) with per-token advantages."""

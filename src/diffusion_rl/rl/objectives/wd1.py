@@ -33,8 +33,8 @@ Deviations from the public code:
   ``objective.beta`` (0.04 by default, the project's Sudoku anchor: its reward ignores the given
   cells) adds the shared per-token k3 KL to the warm start; ``beta=0`` is the public setting;
 - ``ratio/*`` is a diagnostic the method does not use: the per-token log-ratio of the policy against
-  the rollout (behaviour) policy on the same prompt masks, ``ratio_diagnostic=true``, at one extra
-  forward without gradients per update; ``false`` computes no behaviour-policy values at all (and
+  the rollout (old) policy on the same prompt masks, ``ratio_diagnostic=true``, at one extra
+  forward without gradients per update; ``false`` computes no old policy values at all (and
   keeps no frozen copy of it). Nothing is clipped, so ``ratio/clip_frac_*`` are 0.
 """
 
@@ -48,9 +48,9 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LogpUnits,
     Objective,
     ObjectiveConfig,
-    Scores,
     StepContext,
     ratio_metrics,
 )
@@ -79,7 +79,7 @@ def group_softmax_weights(advantages: torch.Tensor, group_size: int) -> tuple[to
 
 def wd1_loss(
     logp: torch.Tensor,  # (B, L) per-token log-probs with grad; B = num_groups * G, prompt-major
-    old_logp: torch.Tensor | None,  # (B, L) the behaviour policy's, or None (no diagnostic)
+    old_logp: torch.Tensor | None,  # (B, L) the old policy's, or None (no diagnostic)
     advantages: torch.Tensor,  # (B, 1) one per sample
     mask: torch.Tensor,  # (B, L) completion tokens
     cfg: WD1Config,
@@ -119,10 +119,10 @@ class WD1(Objective):
             raise ConfigError("likelihood.name", likelihood.cfg.name,
                               "wd1 sums per-token log-probs: it needs a per-token estimator (one_step, d1's)")
 
-    def needs_old_values(self) -> bool:
+    def needs_old_logp(self) -> bool:
         return self.cfg.ratio_diagnostic
 
-    def score(self, ctx: StepContext, forward: Forward, role: str) -> Scores:
+    def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         # the weighted likelihood sums the tokens the reward reads; the KL anchor covers the whole
         # completion, pinned tokens included (GRPO's leaves them out)
         return replace(self.token_logp(ctx, forward, role), kl_mask=ctx.rollout.completion_mask)
