@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from tests.helpers.released_layouts import write_checkpoint  # noqa: E402
 
 RUN = ["model=llada_8b_instruct", "model.dtype=float32", "model.lora_r=0", "model.gradient_checkpointing=false",
-       "old_policy=cached", "objective=grpo", "task.num_train=16", "task.num_test=2", "task.num_val=2",
+       "old_policy=precomputed", "objective=grpo", "task.num_train=16", "task.num_test=2", "task.num_val=2",
        "task.prompts_per_batch=1", "task.group_size=2", "warmstart.enabled=false", "eval.before=false",
        "eval.after=false", "eval.every_n_steps=0", "sampler.gen_length=16", "sampler.block_length=16",
        "sampler.steps=2", "trainer.max_steps=1", "trainer.checkpoint_every_n_steps=0", "trainer.accelerator=cpu",

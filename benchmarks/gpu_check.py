@@ -23,7 +23,7 @@ What is measured, per architecture:
 ``--train`` also runs the user's path twice at that size: ``src/train.py`` on a checkpoint in LLaDA's
 released layout (random weights, its vocabulary) for 2 StableDRL steps on GSM8K-length prompts, with
 evaluation before, during and after RL -- once with ``trainer=gpu`` and once with ``trainer=fsdp
-trainer.devices=1`` -- checks that every forward of the policy (rollouts, old values, updates,
+trainer.devices=1`` -- checks that every forward of the policy (rollouts, old log-probs, updates,
 evaluations) ran on the accelerator, and prints the measured peak against the memory model's
 prediction for that size (``benchmarks/memory.py``, fitted here on the CPU with ``--quick``).
 """
@@ -221,7 +221,7 @@ def update_once(bundle: PolicyBundle, args, device: torch.device, opt) -> None:
     fwd = logits_fn(bundle.net)
     ctx = StepContext(ro, 0, 0, fwd, fwd, None)
     bundle.net.eval()
-    obj.precompute_old_logp(ctx, 1)  # the old policy's scores, as with old_policy=cached
+    obj.precompute_old_logp(ctx, 1)  # the old policy's scores, as with old_policy=precomputed
     ctx.old_policy = None
     bundle.net.train()
     loss, _ = obj.loss(ctx)
@@ -320,7 +320,7 @@ def train_jobs(args, device: torch.device) -> None:
         (tmp / f"{split}.jsonl").write_text("".join(
             json.dumps({"question": f"{QUESTION} ({i})", "answer": "#### 90"}) + "\n" for i in ids))
     gen = args.gen_length
-    common = ["model=llada_8b_instruct", f"model.path={folder}", "objective=stabledrl", "task=gsm8k", "old_policy=cached",
+    common = ["model=llada_8b_instruct", f"model.path={folder}", "objective=stabledrl", "task=gsm8k", "old_policy=precomputed",
               f"task.data_path={tmp / 'test.jsonl'}", f"task.train_data_path={tmp / 'train.jsonl'}", "task.num_val=4",
               "task.prompts_per_batch=2", "task.group_size=4", "warmstart.enabled=false", "eval.every_n_steps=1",
               "eval.batch_size=8", "sampler=default", f"sampler.gen_length={gen}", f"sampler.steps={gen // 2}",

@@ -20,7 +20,7 @@ What it prints:
      (d=64, 2 layers) with LLaDA's 126,464-token vocabulary: peak resident memory;
    - the likelihood's forward + backward at that vocabulary: peak tensor memory, split head vs full logits;
    - one sampler call: peak tensor memory, block logits vs every position's;
-2. each phase (rollout call, old values, update) measured over a grid of rows, lengths, vocabularies,
+2. each phase (rollout call, old log-probs, update) measured over a grid of rows, lengths, vocabularies,
    K and model sizes, and a non-negative least-squares fit of its peak on the terms the code allocates
    (per-layer activations, MLP activations, the head's logits chunk, attention scores);
 3. the fit's prediction at LLaDA-8B for each recipe of docs/real_models.md, plus the weights, gradients and optimizer
@@ -144,7 +144,7 @@ def masked_count(s: Size) -> Size:
 
 
 def phases(s: Size, split: bool = True) -> dict[str, int]:
-    """Peak tensor bytes of one rollout call, the old values and one update at size ``s``."""
+    """Peak tensor bytes of one rollout call, the old log-probs and one update at size ``s``."""
     net = model(s)
     fwd = logits_fn(net) if split else full_logits(net)
     prompt, pmask, comp, cmask = batch(s)
@@ -306,12 +306,12 @@ def recipe_table(coef: dict[str, np.ndarray], prompt: int = 200, gen: int = 256,
         upd = predict(coef["update"], "update", Size(r.rows_per_gpu, prompt, gen, K=K, **ckpt.dims))
         fixed = st["weights"] + st["state"] + st["reference"]
         peaks = {"rollout": fixed + st["rollout_gather"] + roll, "evaluation": fixed + st["rollout_gather"] + ev,
-                 "old values": fixed + st["layer_gather"] + old, "update": fixed + st["layer_gather"] + upd}
+                 "old log-probs": fixed + st["layer_gather"] + old, "update": fixed + st["layer_gather"] + upd}
         cols.append([st["weights"], st["state"], st["reference"], st["rollout_gather"], roll, ev, old, upd,
                      max(peaks.values())])
     names = ["weights (bf16 LoRA base / fp32 master, per GPU)", "gradients + AdamW state",
              "reference policy (beta > 0): adapters off / sharded fp32 copy", "FSDP: weights gathered for a rollout",
-             "rollout call activations", "evaluation batch activations", "old values (no grad)",
+             "rollout call activations", "evaluation batch activations", "old log-probs (no grad)",
              "update activations (forward + backward)", "**peak (the largest phase)**"]
     for i, n in enumerate(names):
         lines.append(f"| {n} | " + " | ".join(f"{c[i] / 1e9:.1f}" for c in cols) + " |")
@@ -431,7 +431,7 @@ def main() -> None:
     print("\n# phases over the scaled grid (peak tensor MiB, measured; fit in brackets)\n")
     points = [(masked_count(s), phases(s)) for s in grid(args.quick)]
     coef = fit(points)
-    print("| rows | prompt | gen | vocab | K | d | layers | rollout | old values | update |")
+    print("| rows | prompt | gen | vocab | K | d | layers | rollout | old log-probs | update |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     worst, errors = 0.0, []
     for s, m in points:

@@ -3,7 +3,7 @@
 On the embedded model warm-started on 4x4 Sudoku and sampled with 256-token completions, 8 blocks of
 32 (the papers evaluate Sudoku at lengths 128, 256 and 512; the answer is the first 16 tokens, EOS
 follows), greedy (temperature 0), for every combination of ``sampler.decode`` (fixed: 128 steps;
-threshold 0.9; factor 1.0) and ``sampler.cache`` (none, prefix, dual), plus early stop, prints per
+threshold 0.9; factor 1.0) and ``sampler.kv_cache`` (none, prefix, dual), plus early stop, prints per
 sample:
 
 - forward passes, and forward FLOPs relative to the exact sampler (every model call attends to all
@@ -54,10 +54,10 @@ from diffusion_rl.training.warmstart import WarmStartConfig, warm_start  # noqa:
 
 EXACT = SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=0.0)
 OPTIONS = [("exact (fixed, none)", {})] + [
-    (f"{d}, {c}", {"decode": d, "cache": c})
+    (f"{d}, {c}", {"decode": d, "kv_cache": c})
     for d in ("fixed", "threshold", "factor") for c in ("none", "prefix", "dual") if (d, c) != ("fixed", "none")
 ] + [("exact + stop_after_eos", {"stop_after_eos": True}),
-     ("threshold, dual + stop_after_eos", {"decode": "threshold", "cache": "dual", "stop_after_eos": True})]
+     ("threshold, dual + stop_after_eos", {"decode": "threshold", "kv_cache": "dual", "stop_after_eos": True})]
 
 
 def load_baseline(ref: str):
@@ -120,11 +120,12 @@ def main() -> None:
         print(f"weights from {args.init}")
     else:
         key = {"task": "sudoku", "model": "tiny", "bench": "rollout"}
-        first = warm_start(bundle, task, 16, WarmStartConfig(), key, args.cache_dir, progress=True)
+        first = warm_start(bundle, task, 16, WarmStartConfig(), key, f"{args.cache_dir}/warmstart", progress=True)
         ws = WarmStartConfig(steps=args.warmstart_steps, batch_size=32, lr=5e-4)
-        prov = warm_start(bundle, task, EXACT.gen_length, ws, {**key, "after": first["key"]}, args.cache_dir, progress=True)
+        prov = warm_start(bundle, task, EXACT.gen_length, ws, {**key, "after": first["key"]}, f"{args.cache_dir}/warmstart",
+                          progress=True)
         print(f"warm start: 140 steps at gen_length 16, then {args.warmstart_steps} at 256 "
-              f"({'cached' if prov['cached'] else 'trained'}, {time.perf_counter() - t0:.0f} s)")
+              f"({'reused' if prov['reused'] else 'trained'}, {time.perf_counter() - t0:.0f} s)")
     net = bundle.net.eval()
     fwd = logits_fn(net)
     base = load_baseline(args.baseline_ref)
@@ -155,7 +156,7 @@ def main() -> None:
                 forwards[n] += out.forwards * ids.shape[0]
                 tokens[n] += out.forward_tokens * ids.shape[0]
                 filled[n].append(out.filled)
-                if s == 0 and cfgs[n].cache != "none" and not cfgs[n].stop_after_eos:
+                if s == 0 and cfgs[n].kv_cache != "none" and not cfgs[n].stop_after_eos:
                     k = args.probe
                     attn = None if bool(mask[:k].all()) else torch.cat(
                         [mask[:k], torch.ones(ids[:k].shape[0], EXACT.gen_length, dtype=mask.dtype)], 1)  # as the sampler

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = [
     "objective=grpo", "task=sudoku", "trainer.max_steps=2", "trainer.enable_progress_bar=false",
-    "trainer.checkpoint_every_n_steps=0", "warmstart.steps=2", "warmstart.cache=false",
+    "trainer.checkpoint_every_n_steps=0", "warmstart.steps=2", "warmstart.reuse=false",
     "eval.before=false", "eval.after=false", "eval.every_n_steps=0",
 ]
 

@@ -89,10 +89,12 @@ def test_base_option_is_the_dataclass_built_with_no_arguments(tmp_path, group, o
 def test_root_keys_are_run_config_and_eval_config(tmp_path):
     names = {f.name for f in dataclasses.fields(RunConfig)}
     cfg = OmegaConf.to_container(compose_cfg([], tmp_path, tiny=False), resolve=True)
-    assert {k: cfg[k] for k in names} == defaults_of(RunConfig) | {"paths": {"cache_dir": str(tmp_path / "cache")}}
+    assert {k: cfg[k] for k in names} == defaults_of(RunConfig) | {"paths": {"cache_dir": str(tmp_path / "cache"),
+                                                                            "warmstart_dir": str(tmp_path / "cache" / "warmstart")}}
     names = {f.name for f in dataclasses.fields(EvalRunConfig)}
     cfg = OmegaConf.to_container(compose_cfg([], tmp_path, tiny=False, config_name="eval"), resolve=True)
-    want = defaults_of(EvalRunConfig) | {"paths": {"cache_dir": str(tmp_path / "cache")}}
+    want = defaults_of(EvalRunConfig) | {"paths": {"cache_dir": str(tmp_path / "cache"),
+                                                   "warmstart_dir": str(tmp_path / "cache" / "warmstart")}}
     assert {k: cfg[k] for k in names} == want  # eval.batch_size follows task.eval_batch_size: 256 for Sudoku
 
 

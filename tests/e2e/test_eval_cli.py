@@ -80,7 +80,7 @@ def test_default_lengths_follow_the_prompt_style(tmp_path):
     assert (s.block_length, s.steps, s.steps_per_block) == (32, 256, 16)
     # the papers' order even from a random-order rollout sampler (conf/sampler/sudoku.yaml)
     assert ev_mod.protocol_sampler(replace(sampler, remasking="random"), 16, proto).remasking == "low_confidence"
-    assert replace(sampler, remasking="random", cache="prefix").as_exact().remasking == "low_confidence"
+    assert replace(sampler, remasking="random", kv_cache="prefix").as_exact().remasking == "low_confidence"
 
 
 def test_rescoring_equals_the_original_scores_and_uses_the_current_config(tmp_path):

@@ -35,7 +35,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS
        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}
 # two prompts x 4 samples = 8 rows, 4 per process; each row's noise is keyed by its global row, so the
 # one-process run samples the same completions as the two processes
-RUN = ["model=llada_8b_instruct", "model.dtype=float32", "old_policy=cached", "task.num_train=64", "task.num_test=8",
+RUN = ["model=llada_8b_instruct", "model.dtype=float32", "old_policy=precomputed", "task.num_train=64", "task.num_test=8",
        "task.num_val=8", "task.prompts_per_batch=2", "task.group_size=4", "warmstart.enabled=false",
        "sampler.gen_length=16", "sampler.block_length=16", "sampler.steps=4",
        "trainer.max_steps=3", "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=2",
@@ -218,8 +218,8 @@ def _rollout_worker(rank: int, world: int, init: str, out: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    c = build(compose_cfg(["old_policy=cached", "sampler.steps=8"], Path(out).parent))
-    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, old_policy="cached")
+    c = build(compose_cfg(["old_policy=precomputed", "sampler.steps=8"], Path(out).parent))
+    module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, old_policy="precomputed")
     shard(module.policy, init_device_mesh("cpu", (world,)), FSDPOptions())
     calls, real = [0], dist.all_gather_single
 

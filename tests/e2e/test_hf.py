@@ -70,12 +70,12 @@ def test_cached_old_policy_gives_the_same_losses_as_a_copy(tmp_path, objective):
         "diagnostics.samples_every_n_steps=0",
     ]
     losses = {}
-    for mode in ("copy", "cached"):
+    for mode in ("copy", "precomputed"):
         cfg = compose_cfg(base + [f"old_policy={mode}"], tmp_path / mode)
         train(cfg, tmp_path / mode / "run")
         losses[mode] = _losses(tmp_path / mode / "run")
     assert len(losses["copy"]) == 4
-    assert losses["copy"] == losses["cached"]  # bit for bit: same weights, same seeds
+    assert losses["copy"] == losses["precomputed"]  # bit for bit: same weights, same seeds
     assert any(v != 0 for v in losses["copy"])
 
 
@@ -100,7 +100,7 @@ def test_two_process_ddp_equals_one_process(tmp_path, objective):
         "task.num_train=64",
         "task.num_test=8",
         "warmstart.batch_size=8",
-        "warmstart.cache=false",
+        "warmstart.reuse=false",
         "sampler.steps=4",
         "trainer.enable_progress_bar=false",
         f"paths.cache_dir={tmp_path / 'cache'}",

@@ -102,7 +102,7 @@ def test_two_rl_steps(folders, arch, objective, lora, tmp_path, monkeypatch):
     assert all("lora_" in k for k in changed) == bool(lora)  # with LoRA only the adapters train
 
 
-@pytest.mark.parametrize("old_policy", ["copy", "cached"])
+@pytest.mark.parametrize("old_policy", ["copy", "precomputed"])
 def test_lora_dropout_leaves_the_ratio_exactly_one_at_theta_old(folders, old_policy, tmp_path, monkeypatch):
     """Old and new log-probs are taken in one mode (dropout off in both), so with one update per
     rollout the ratio is exactly 1 at every step, LoRA dropout or not; with dropout left on in the

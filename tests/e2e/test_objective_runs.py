@@ -15,18 +15,18 @@ from tests.helpers.common import compose_cfg
 
 def test_a_tiny_run_with_eoser_and_ass_trains_and_the_old_policy_modes_agree(tmp_path):
     """``sampler.schedule=ass`` (Sudoku's 16 cells: 4 steps of 1, 2, 4, 9) with EOSER: the run trains,
-    every rollout takes log2 16 = 4 steps, and a frozen copy of the old policy and old values taken at
+    every rollout takes log2 16 = 4 steps, and a frozen copy of the old policy and old log-probs taken at
     rollout time give the same losses."""
     common = ["objective=cj_grpo", "objective.mu=2", "sampler.schedule=ass", "sampler.eos_gamma_min=0.01",
               "optim.lr=3e-4", "trainer.max_steps=2", "eval.before=false", "eval.after=false"]
     losses = {}
-    for mode in ("copy", "cached"):
+    for mode in ("copy", "precomputed"):
         train(compose_cfg([*common, f"old_policy={mode}"], tmp_path), tmp_path / mode)
         rows = [r for r in csv.DictReader(open(tmp_path / mode / "metrics.csv")) if r.get("train/loss")]
         assert len(rows) == 2 and float(rows[0]["rollout/steps_per_sample"]) == 4
         assert 0 < float(rows[0]["cost/train_forwards_per_sample"]) <= 4
         losses[mode] = [float(r["train/loss"]) for r in rows]
-    assert losses["copy"] == pytest.approx(losses["cached"], abs=1e-7)
+    assert losses["copy"] == pytest.approx(losses["precomputed"], abs=1e-7)
     assert losses["copy"][1] != 0  # the second update's ratio moved
 
 

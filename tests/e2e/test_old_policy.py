@@ -1,4 +1,4 @@
-"""The first update after a rollout takes the old values from the policy's own forward (the policy
+"""The first update after a rollout takes the old log-probs from the policy's own forward (the policy
 still is the old policy there): one forward fewer, the same losses."""
 
 import csv
@@ -19,7 +19,7 @@ def _column(run_dir: Path, key: str) -> list[float]:
     return [float(r[key]) for r in rows if r.get(key)]
 
 
-@pytest.mark.parametrize("old_policy", ["copy", "cached"])
+@pytest.mark.parametrize("old_policy", ["copy", "precomputed"])
 @pytest.mark.parametrize("objective", ["grpo", "stabledrl"])
 def test_first_update_skips_the_old_forward_and_keeps_the_losses(tmp_path, monkeypatch, objective, old_policy):
     calls = []
@@ -44,7 +44,7 @@ def test_first_update_skips_the_old_forward_and_keeps_the_losses(tmp_path, monke
 
 
 def test_fresh_masks_keep_the_old_forward(tmp_path, monkeypatch):
-    """With the new policy scored on other masks than the old one, the old values are not the
+    """With the new policy scored on other masks than the old one, the old log-probs are not the
     policy's: the old policy is scored (once per rollout, on its own masks) and the first ratio is not 1."""
     calls = []
     real_old_values = Objective.compute_old_logp

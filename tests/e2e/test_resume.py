@@ -60,7 +60,7 @@ def assert_same_run(a: Path, b: Path) -> None:
 
 @pytest.mark.parametrize("extra,at_step", [([], 5), ([], 7),  # 7: the checkpoint (6) ends an epoch
                                            (["objective=stabledrl"], 5), (["objective=egspo_sa"], 5),
-                                           (["old_policy=cached"], 5)])
+                                           (["old_policy=precomputed"], 5)])
 def test_resume_after_exception_is_exact(tmp_path, extra, at_step, monkeypatch):
     import diffusion_rl.training.checkpoint as ckpt_mod
 

@@ -65,10 +65,10 @@ def test_nonfinite_loss_skips_update_and_keeps_weights(tmp_path):
 
 @pytest.mark.parametrize("objective,options", [
     ("grpo", ["sampler=sudoku_threshold", "sampler.threshold=0.5", "objective.behaviour_correction=tis"]),
-    ("stabledrl", ["sampler.decode=factor", "sampler.remasking=low_confidence", "sampler.cache=prefix",
+    ("stabledrl", ["sampler.decode=factor", "sampler.remasking=low_confidence", "sampler.kv_cache=prefix",
                    "objective.behaviour_correction=tis"]),
     ("egspo", ["sampler=sudoku_threshold", "sampler.stop_after_eos=true"]),
-    ("egspo_sa", ["sampler.cache=dual", "sampler.stop_after_eos=true", "objective.behaviour_correction=tis"]),
+    ("egspo_sa", ["sampler.kv_cache=dual", "sampler.stop_after_eos=true", "objective.behaviour_correction=tis"]),
 ], ids=["grpo-threshold-dual-tis", "stabledrl-factor-prefix-tis", "egspo-threshold-dual-stop", "egspo_sa-dual-stop-tis"])
 def test_tiny_run_with_fast_rollouts(tmp_path, objective, options):
     """One RL run per sampler option: it trains, logs the sampler's cost and the mismatch every step,

@@ -16,7 +16,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 TINY = [
     "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
     "task.num_train=64", "task.num_test=8", "task.prompts_per_batch=2", "task.group_size=4",
-    "warmstart.steps=3", "warmstart.batch_size=8", "warmstart.cache=false",
+    "warmstart.steps=3", "warmstart.batch_size=8", "warmstart.reuse=false",
     "sampler.steps=4", "trainer.max_steps=4", "trainer.enable_progress_bar=false",
     "trainer.checkpoint_every_n_steps=2", "eval.batch_size=8",
 ]

@@ -19,7 +19,7 @@ gives the papers' LLaDA row (tests/fixtures/d1_llada_eval/ packs those files); w
 Policies (``policy=``): ``checkpoint`` (the default: the model of ``ckpt_path=<run folder | .ckpt |
 last>``, rebuilt from the run config the checkpoint carries, ``training/restore.py``; loaded with
 ``weights_only=True``, so nothing in a checkpoint is unpickled as code), ``init`` (the configured
-model, untrained), ``warmstart`` (the configured model after the warm start, cached as in training)
+model, untrained), ``warmstart`` (the configured model after the warm start, reused as in training)
 or ``reference``, which answers every item with its gold answer in the task's format
 (``task.target(item)``) and so checks prompts, parsing, rewards and metrics end to end without a
 model: it must score 100%. Without ``ckpt_path`` an evaluation of a model must name ``init`` or
@@ -327,7 +327,8 @@ def evaluate_checkpoint(cfg: DictConfig, run_dir: str | Path, overrides: list[st
             restore_policy(bundle, ckpt[1], ckpt[0], str(run.ckpt_path), from_dict(ModelConfig, cfg.model, "model"),
                            cfg.paths.cache_dir)
         elif policy == "warmstart":
-            warm_start(bundle, task, sampler.gen_length, run.warmstart, warm_start_key(cfg), cfg.paths.cache_dir, ev.progress)
+            warm_start(bundle, task, sampler.gen_length, run.warmstart, warm_start_key(cfg), cfg.paths.warmstart_dir,
+                       ev.progress)
         bundle.net.to(device)
         task.use_tokenizer(bundle.tokenizer)
     records = generate_records(task, items, lengths, policy, bundle, sampler, ev)

@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from diffusion_rl.core.config import from_dict
+from diffusion_rl.core.config import from_dict, renamed
 from diffusion_rl.core.distributed import is_first_process
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
@@ -107,7 +107,10 @@ class EvalConfig:
 
 @dataclass
 class PathsConfig:
-    cache_dir: str = "outputs/cache"  # warm-start checkpoints, keyed by config; relative to the launch folder
+    # the project's caches (the code sandbox's measured limits, base-weight hashes); relative to the
+    # launch folder
+    cache_dir: str = "outputs/cache"
+    warmstart_dir: str = "${paths.cache_dir}/warmstart"  # warm-start checkpoints, keyed by config
 
 
 @dataclass
@@ -115,7 +118,8 @@ class RunConfig:
     """The root keys of ``conf/config.yaml`` (the config groups have their own dataclasses)."""
 
     seed: int = 0
-    # old policy: copy (a frozen copy) | cached (old values taken at rollout time, no copy)
+    # old policy: copy (a frozen copy) | precomputed (its log-probs taken at rollout time, no copy);
+    # "cached" is the deprecated name of precomputed
     old_policy: str = "copy"
     ckpt_path: str | None = None  # resume: last | a run folder | a checkpoint file
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -123,6 +127,10 @@ class RunConfig:
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+    def __post_init__(self) -> None:
+        if self.old_policy == "cached":
+            self.old_policy = renamed("old_policy=cached", "old_policy=precomputed", "precomputed")
 
     def validate(self) -> None:
         check_old_policy(self.old_policy)
@@ -179,7 +187,7 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     trainer = from_dict(TrainerConfig, cfg.trainer, "trainer")
     run = run_config(cfg)
     if trainer.strategy == "fsdp" and run.old_policy == "copy":
-        raise ConfigError("old_policy", "copy", "trainer=fsdp takes old_policy=cached (the old values are taken at "
+        raise ConfigError("old_policy", "copy", "trainer=fsdp takes old_policy=precomputed (the old log-probs are taken at "
                           "rollout time: no second, sharded model)")
     bundle = build_policy(model_cfg, meta=meta)
     task.use_tokenizer(bundle.tokenizer)  # chat prompts use the model's chat template
@@ -188,7 +196,7 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     if bundle.block_size > 0:
         check_block_sampler(sampler, bundle.block_size)
     else:
-        check_cache_support(bundle.net, sampler.cache)
+        check_cache_support(bundle.net, sampler.kv_cache)
     objective = obj_cls(obj_cfg, likelihood)
     objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
     objective.rollout_sampler(sampler).validate()  # an objective with its own rollout order (justgrpo) checks it here
@@ -289,11 +297,11 @@ def checkpoint_callback(t: TrainerConfig, run_dir: Path, record: RunRecord) -> R
 
 
 def start_policy(cfg: DictConfig, c: Components, record: RunRecord, ckpt: CheckpointRef | None, first: bool) -> None:
-    """The warm start (or its cached result) into ``c.bundle``, then the base the frozen weights come
+    """The warm start (trained, or reused from ``paths.warmstart_dir``) into ``c.bundle``, then the base the frozen weights come
     from, checked against the checkpoint to resume; both go in ``record``, which every checkpoint carries."""
     if c.run.warmstart.enabled and (first or c.trainer.strategy != "fsdp"):  # FSDP: the others receive it
         record.warm_start = warm_start(c.bundle, c.task, c.sampler.gen_length, c.run.warmstart, warm_start_key(cfg),
-                                       cfg.paths.cache_dir, c.trainer.enable_progress_bar)
+                                       cfg.paths.warmstart_dir, c.trainer.enable_progress_bar)
     if first:
         record.base = base_identity(c.bundle, from_dict(ModelConfig, cfg.model, "model"), cfg.paths.cache_dir)
     if ckpt is not None and first:

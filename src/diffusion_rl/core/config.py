@@ -4,17 +4,23 @@ Each config group maps to a dataclass (the objective's, task's and likelihood's 
 registries). :func:`from_dict` rejects unknown keys and values of the wrong type, naming the key and
 what is allowed; each dataclass's ``validate()`` checks ranges. :func:`check_group_choices` turns
 ``objective=foo`` on the command line into the same kind of one-line error before Hydra composes.
+A renamed key or value keeps working for one release: the dataclass keeps the old field (default
+None) and hands its value to the new one through :func:`renamed`, which warns once in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from diffusion_rl.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
 
 T = TypeVar("T")
 
@@ -120,3 +126,12 @@ def check_group_choices(argv: list[str], conf_dir: Path) -> None:
         for choice in value.split(","):  # multirun: a,b,c
             if choice and choice != "null" and choice not in allowed:
                 raise ConfigError(key, choice, f"unknown {key}; allowed: {', '.join(allowed)}")
+
+
+def renamed(old: str, new: str, value: T) -> T:
+    """``value``, given under the deprecated key (or value) ``old``, for its new name ``new``; warns once
+    per process, in one line naming the new key."""
+    if old not in _WARNED:
+        _WARNED.add(old)
+        log.warning("%s is deprecated and goes in the next release: use %s", old, new)
+    return value

@@ -106,7 +106,7 @@ class NativeLM(PreTrainedModel):
 
     @property
     def kv_cache_any_order(self) -> bool:
-        """``sampler.cache=dual`` (KVCacheLM): full attention, explicit positions, no key-order mask."""
+        """``sampler.kv_cache=dual`` (KVCacheLM): full attention, explicit positions, no key-order mask."""
         return self.block_size == 0
 
     @property

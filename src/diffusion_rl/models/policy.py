@@ -141,8 +141,8 @@ class KVCacheLM(Protocol):
     followed by the new tokens, ``(B, S + L)``. The cache is never modified in place.
 
     - ``supports_kv_cache``: the convention holds for a contiguous prefix of the sequence (the block
-      sampler's finished blocks; ``sampler.cache=prefix``).
-    - ``kv_cache_any_order`` (the one extension ``sampler.cache=dual`` needs): the cached keys may be
+      sampler's finished blocks; ``sampler.kv_cache=prefix``).
+    - ``kv_cache_any_order`` (the one extension ``sampler.kv_cache=dual`` needs): the cached keys may be
       any concatenation, along the sequence axis, of slices of caches the model returned (the prefix
       and the suffix around the block being decoded); the model takes explicit ``position_ids`` for
       the new tokens and applies no mask of its own that depends on the index order of keys (a
@@ -166,18 +166,18 @@ class KVCacheLM(Protocol):
 
 
 def check_cache_support(net: nn.Module, cache: str) -> None:
-    """Fail in one line when ``sampler.cache=prefix|dual`` asks more of ``net`` than it offers."""
+    """Fail in one line when ``sampler.kv_cache=prefix|dual`` asks more of ``net`` than it offers."""
     if cache == "none":
         return
     if not getattr(net, "supports_kv_cache", False):
-        raise ConfigError("sampler.cache", cache, f"{type(net).__name__} has no key/value cache: use sampler.cache=none")
+        raise ConfigError("sampler.kv_cache", cache, f"{type(net).__name__} has no key/value cache: use sampler.kv_cache=none")
     if cache == "dual" and not getattr(net, "kv_cache_any_order", False):
-        raise ConfigError("sampler.cache", cache,
+        raise ConfigError("sampler.kv_cache", cache,
                           f"{type(net).__name__} cannot take a prefix + suffix cache (KVCacheLM.kv_cache_any_order): "
-                          "use sampler.cache=prefix or none")
+                          "use sampler.kv_cache=prefix or none")
     if getattr(getattr(net, "config", None), "block_size", 0):
-        raise ConfigError("sampler.cache", cache,
-                          "a block model's sampler already caches finished blocks exactly: use sampler.cache=none")
+        raise ConfigError("sampler.kv_cache", cache,
+                          "a block model's sampler already caches finished blocks exactly: use sampler.kv_cache=none")
 
 
 # what the sampler, the estimators and the objectives call: a PolicyForward or any callable

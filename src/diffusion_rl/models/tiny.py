@@ -16,7 +16,7 @@ attend to the new ones, i.e. for finished blocks of a block-causal model). With 
 ``attention_mask`` covers the cached and the new tokens, ``(B, S + L)``, and a 4D one is
 ``(B|1, 1, L, S + L)``, as in Hugging Face models. The cache is never modified in place. Without
 ``block_size`` the cached keys may come in any order (a prefix and a suffix around the new tokens:
-``sampler.cache=dual``) when ``position_ids`` of the new tokens are passed (``KVCacheLM`` in
+``sampler.kv_cache=dual``) when ``position_ids`` of the new tokens are passed (``KVCacheLM`` in
 ``policy.py``).
 """
 
@@ -110,7 +110,7 @@ class TinyDiffusionLM(nn.Module):
     """Bidirectional (or block-causal) transformer mapping ids (B, L) to logits (B, L, V)."""
 
     supports_kv_cache = True  # the block sampler may cache finished blocks (see the module docstring)
-    kv_cache_any_order = True  # sampler.cache=dual: cached keys in any order, explicit positions (KVCacheLM)
+    kv_cache_any_order = True  # sampler.kv_cache=dual: cached keys in any order, explicit positions (KVCacheLM)
 
     def __init__(self, cfg: TinyConfig):
         super().__init__()

@@ -142,11 +142,12 @@ class RolloutEngine:
         self.sampler.validate()
         self.cfg, self.seed = rollout or RolloutConfig(), seed
         check_tree(self.cfg.tree, sampler, bundle.block_size, objective, self.cfg.oversample)
+        self.trees = self.cfg.tree if self.cfg.tree.enabled else None  # None: independent samples
 
     @property
     def group_size(self) -> int:
         """Rows per prompt: a tree's leaves, else ``task.group_size``."""
-        return self.cfg.tree.leaves if self.cfg.tree.enabled else self.task.cfg.group_size
+        return self.task.cfg.group_size if self.trees is None else self.trees.leaves
 
     @torch.no_grad()
     def __call__(self, items: list[dict[str, Any]], old_policy: nn.Module, rollout_id: int) -> Rollout:
@@ -173,7 +174,7 @@ class RolloutEngine:
         canvas = self.task.canvas(group_items, tok, self.sampler.gen_length, self.bundle.mask_token_id)  # (n, L) | None
         canvas = None if canvas is None else canvas.to(device)
         traj, tree = self._recorder(), None
-        if self.cfg.tree.enabled:
+        if self.trees is not None:
             completion, logp, entropy, cost, tree = self._grow(old_policy, ids, mask, shard.offset, rollout_id, canvas, G)
         else:
             completion, logp, entropy, cost = self._generate(old_policy, ids, mask, shard.offset, rollout_id, traj, canvas)

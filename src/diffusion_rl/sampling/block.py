@@ -68,8 +68,8 @@ def check_block_sampler(cfg: SamplerConfig, block_size: int) -> None:
                           f"must be divisible by the number of model blocks gen_length/block_size={num_blocks}")
     if cfg.cfg_scale > 0:
         raise ConfigError("sampler.cfg_scale", cfg.cfg_scale, "must be 0 with a block model (no guidance in the block sampler)")
-    if cfg.cache != "none":
-        raise ConfigError("sampler.cache", cfg.cache,
+    if cfg.kv_cache != "none":
+        raise ConfigError("sampler.kv_cache", cfg.kv_cache,
                           "must be none with a block model (its sampler already caches finished blocks, exactly)")
     if cfg.schedule == "ass" and num_blocks != 1:
         raise ConfigError("sampler.schedule", cfg.schedule,

@@ -1,18 +1,18 @@
 """Where a denoising step's logits come from: a full forward, or a prefix / dual key-value cache
 (Fast-dLLM; docs/methods.md §10). Used by :func:`~diffusion_rl.sampling.sampler.generate`.
 
-- ``cache=none``: one forward over the whole sequence every step (the exact sampler of
+- ``kv_cache=none``: one forward over the whole sequence every step (the exact sampler of
   docs/methods.md §2).
-- ``cache=prefix``: at a block's first step, one full forward (it serves as that step) whose keys
+- ``kv_cache=prefix``: at a block's first step, one full forward (it serves as that step) whose keys
   and values of everything *before* the block are kept; the block's later steps run the block and
   the masked suffix after it against them.
-- ``cache=dual``: the same full forward also keeps the keys and values of the suffix *after* the
+- ``kv_cache=dual``: the same full forward also keeps the keys and values of the suffix *after* the
   block; later steps run only the block's tokens, against the cached prefix and suffix.
 
 For a bidirectional model both are approximations: the cached states of the prefix would change if
 recomputed (its tokens attend to the block, which is being filled in) and so would the suffix's.
-They are refreshed by a full forward at each block start, and every ``sampler.cache_refresh``
-steps inside a block when that is set (``cache_refresh=1`` recomputes everything every step: the
+They are refreshed by a full forward at each block start, and every ``sampler.kv_cache_refresh``
+steps inside a block when that is set (``kv_cache_refresh=1`` recomputes everything every step: the
 exact sampler, token for token). ``benchmarks/rollout.py`` measures how far the logits move.
 
 The network must follow the cache convention of :class:`~diffusion_rl.models.policy.KVCacheLM`;
@@ -41,7 +41,7 @@ Count = Callable[[int, int], None]  # (query positions per row, model rows per s
 
 
 class StepLogits:
-    """``cache=none``: every step is a full forward (``full(x) -> logits (B, T, V)``, with classifier-free
+    """``kv_cache=none``: every step is a full forward (``full(x) -> logits (B, T, V)``, with classifier-free
     guidance if configured: ``passes = 2`` model rows per sample)."""
 
     def __init__(self, full: Callable[[torch.Tensor, slice | None], torch.Tensor] | None, passes: int, count: Count,
@@ -79,7 +79,7 @@ class StepLogits:
 
 
 class CachedStepLogits(StepLogits):
-    """``cache=prefix|dual`` on a network following the :class:`~diffusion_rl.models.policy.KVCacheLM`
+    """``kv_cache=prefix|dual`` on a network following the :class:`~diffusion_rl.models.policy.KVCacheLM`
     convention; ``attn`` (B, T) the padding mask or None."""
 
     def __init__(self, net: nn.Module, attn: torch.Tensor | None, mode: str, count: Count,
@@ -137,12 +137,12 @@ def _slices(t: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
 def step_logits(cache: str, full: Callable[[torch.Tensor, slice | None], torch.Tensor], passes: int, net: nn.Module | None,
                 attn: torch.Tensor | None, count: Count, refresh_every: int = 0,
                 keep_full: bool = False) -> StepLogits:
-    """The step-logits source ``sampler.cache`` asks for: ``full(x, keep)`` runs the exact step
+    """The step-logits source ``sampler.kv_cache`` asks for: ``full(x, keep)`` runs the exact step
     (``passes`` model rows per sample; logits at ``keep`` or everywhere); the caches need ``net``;
     ``count`` is told of every model call."""
     if cache == "none":
         return StepLogits(full, passes, count, refresh_every, keep_full)
     if net is None:
-        raise ValueError(f"sampler.cache={cache} needs the network (generate(..., net=...))")
+        raise ValueError(f"sampler.kv_cache={cache} needs the network (generate(..., net=...))")
     check_cache_support(net, cache)
     return CachedStepLogits(net, attn, cache, count, refresh_every, keep_full)

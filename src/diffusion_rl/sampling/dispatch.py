@@ -2,7 +2,7 @@
 
 A block model (``PolicyBundle.block_size > 0``) fills its blocks left to right with the block sampler
 (``block.py``), over its exact key/value cache where the network has one; any other model runs the
-masked-diffusion sampler (``sampler.py``, with ``sampler.cache`` on the network). Rollouts, tree
+masked-diffusion sampler (``sampler.py``, with ``sampler.kv_cache`` on the network). Rollouts, tree
 rollouts, IGPO's hinted resamples (through the rollout engine), evaluation and the benchmarks call
 this function, so none of them decides which sampler a model takes.
 """

@@ -20,7 +20,7 @@ Every random number (Gumbel noise, random-remasking confidences) is drawn per ro
 has a position to commit: a sample depends on its key and its prompt, not on the rows that share
 its call (``sampler.rollout_batch_size``, the number of processes, the evaluation batch size).
 
-The exact sampler is ``decode=fixed cache=none stop_after_eos=false`` (the defaults). The options:
+The exact sampler is ``decode=fixed kv_cache=none stop_after_eos=false`` (the defaults). The options:
 
 - ``decode=threshold``: every masked candidate of the current block whose probability is *above*
   ``threshold`` is committed, and always the most confident one; ``decode=factor``: with the block's
@@ -28,10 +28,10 @@ The exact sampler is ``decode=fixed cache=none stop_after_eos=false`` (the defau
   block then takes as many steps as it needs (at most ``block_length``: each step commits at least
   one token per unfinished row); ``steps`` is not used. With ``threshold = 1.0`` and a schedule of
   one token per step (``steps = gen_length``) this is the exact sampler, token for token.
-- ``cache=prefix|dual`` (``cache.py``): keys and values of the finished part (and, for ``dual``, of
+- ``kv_cache=prefix|dual`` (``cache.py``): keys and values of the finished part (and, for ``dual``, of
   the masked suffix) are reused within a block instead of being recomputed; approximations for a
-  bidirectional model, refreshed by a full forward at each block start (and every ``cache_refresh``
-  steps when set: ``cache_refresh=1`` is the exact sampler again).
+  bidirectional model, refreshed by a full forward at each block start (and every ``kv_cache_refresh``
+  steps when set: ``kv_cache_refresh=1`` is the exact sampler again).
 - ``stop_after_eos``: a row that holds an EOS with nothing masked after it at the end of a block
   decodes no further, and its remaining positions are set to EOS; once every row has ended, the
   remaining blocks take no forward pass (the completion mask ignores tokens after the first EOS; the
@@ -58,11 +58,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from diffusion_rl.core.config import renamed
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import Forward, PolicyForward
 from diffusion_rl.sampling.cache import StepLogits, step_logits
@@ -90,8 +92,8 @@ class SamplerConfig:
     decode: str = "fixed"  # fixed (steps / num_blocks per block) | threshold | factor
     threshold: float = 0.9  # decode=threshold: the paper's evaluation value
     factor: float = 1.0  # decode=factor: commit the n most confident while c_n >= 1 - factor / (n + 1)
-    cache: str = "none"  # none | prefix | dual: key/value caches of a full-attention model
-    cache_refresh: int = 0  # also recompute everything every this many steps inside a block (0: at block starts only)
+    kv_cache: str = "none"  # none | prefix | dual: key/value caches of a full-attention model
+    kv_cache_refresh: int = 0  # also recompute everything every this many steps inside a block (0: at block starts only)
     stop_after_eos: bool = False  # a row that has ended at a block end takes EOS for the rest; stop once all have
     # LLaDA2.1's token editing (block models; sampling/block.py): a decoded token of the current block is
     # replaced where the model now prefers another with probability above this; None = no editing
@@ -104,6 +106,17 @@ class SamplerConfig:
     # at the first step to eos_gamma_max at the last (the public run: 0.01 -> 1.0); 1.0 / 1.0 = off
     eos_gamma_min: float = 1.0
     eos_gamma_max: float = 1.0
+
+    # deprecated names of kv_cache / kv_cache_refresh, taken for one release with a warning
+    cache: str | None = None
+    cache_refresh: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache is not None:
+            self.kv_cache, self.cache = renamed("sampler.cache", "sampler.kv_cache", self.cache), None
+        if self.cache_refresh is not None:
+            self.kv_cache_refresh = renamed("sampler.cache_refresh", "sampler.kv_cache_refresh", self.cache_refresh)
+            self.cache_refresh = None
 
     def validate(self, prefix: str = "sampler") -> None:
         for key in ("gen_length", "block_length", "steps"):
@@ -141,12 +154,12 @@ class SamplerConfig:
             raise ConfigError(f"{prefix}.threshold", self.threshold, "must be in [0, 1]")
         if not self.factor > 0:
             raise ConfigError(f"{prefix}.factor", self.factor, "must be > 0")
-        if self.cache not in CACHES:
-            raise ConfigError(f"{prefix}.cache", self.cache, f"allowed: {', '.join(CACHES)}")
-        if self.cache != "none" and self.cfg_scale > 0:
-            raise ConfigError(f"{prefix}.cfg_scale", self.cfg_scale, f"must be 0 with {prefix}.cache={self.cache}")
-        if self.cache_refresh < 0:
-            raise ConfigError(f"{prefix}.cache_refresh", self.cache_refresh, "must be >= 0 (0 = at block starts only)")
+        if self.kv_cache not in CACHES:
+            raise ConfigError(f"{prefix}.kv_cache", self.kv_cache, f"allowed: {', '.join(CACHES)}")
+        if self.kv_cache != "none" and self.cfg_scale > 0:
+            raise ConfigError(f"{prefix}.cfg_scale", self.cfg_scale, f"must be 0 with {prefix}.kv_cache={self.kv_cache}")
+        if self.kv_cache_refresh < 0:
+            raise ConfigError(f"{prefix}.kv_cache_refresh", self.kv_cache_refresh, "must be >= 0 (0 = at block starts only)")
         if self.editing_threshold is not None and not 0.0 <= self.editing_threshold <= 1.0:
             raise ConfigError(f"{prefix}.editing_threshold", self.editing_threshold, "must be in [0, 1] or null (no editing)")
         if self.max_post_steps < 0:
@@ -192,14 +205,14 @@ class SamplerConfig:
     def exact(self) -> bool:
         """Whether this is the exact sampler of docs/methods.md §2 (no fewer-forward option on, the even
         schedule, no EOS scaling)."""
-        return (self.decode == "fixed" and self.cache == "none" and not self.stop_after_eos
+        return (self.decode == "fixed" and self.kv_cache == "none" and not self.stop_after_eos
                 and self.editing_threshold is None and self.schedule == "even" and not self.eoser)
 
     def as_exact(self) -> SamplerConfig:
         """The exact sampler of docs/methods.md §2: low-confidence remasking with every fewer-forward
         option off, the even schedule and no EOS scaling (a rollout sampler may unmask in random order or
         with CJ-GRPO's decoders; the papers evaluate this way)."""
-        return replace(self, decode="fixed", cache="none", stop_after_eos=False, remasking="low_confidence",
+        return replace(self, decode="fixed", kv_cache="none", stop_after_eos=False, remasking="low_confidence",
                        schedule="even", eos_gamma_min=1.0, eos_gamma_max=1.0)
 
 
@@ -461,7 +474,7 @@ def generate(
 ) -> SampleOutput:
     """Run the remasking sampler; ``forward(ids, attention_mask) -> logits (B, T, V)``.
 
-    ``cache=prefix|dual`` need the network itself (``net``: see :class:`~diffusion_rl.models.policy.KVCacheLM`),
+    ``kv_cache=prefix|dual`` need the network itself (``net``: see :class:`~diffusion_rl.models.policy.KVCacheLM`),
     ``stop_after_eos`` the EOS id. ``canvas`` (B, L): the completion to start from, the mask id at the
     positions to decode; any other token is pinned (a task's known tokens: never masked, sampled or
     committed, and each block commits its masked positions only); None: every position masked.
@@ -482,9 +495,10 @@ def generate(
     x = torch.cat([prompt_ids, start_canvas(canvas, B, L, mask_id, prompt_ids)], 1)  # (B, T)
     attn = completion_attention(prompt_mask, L)  # (B, T) | None
     stats = CommitStats(B, P + L, prompt_ids.device)
-    full = lambda ids, keep: guided_logits(forward, ids, attn, cfg.cfg_scale, P, mask_id, keep)  # noqa: E731
-    source = step_logits(cfg.cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
-                         cfg.cache_refresh, keep_full=recorder is not None)
+    full = (partial(logits_at, forward, attn=attn) if cfg.cfg_scale <= 0  # (ids, keep) -> logits at keep
+            else partial(guided_logits, forward, attn=attn, scale=cfg.cfg_scale, prompt_len=P, mask_id=mask_id))
+    source = step_logits(cfg.kv_cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
+                         cfg.kv_cache_refresh, keep_full=recorder is not None)
     ended_at = torch.full((B,), P + L, dtype=torch.long, device=x.device)  # stop_after_eos: where a row ended
     # resumed in a later block: the rows that ended at the block ends already passed
     all_ended = cfg.stop_after_eos and _ended_before(x, P, bl, start_step // spb, eos_id, mask_id, ended_at)  # type: ignore[arg-type]
@@ -574,22 +588,21 @@ def start_canvas(canvas: torch.Tensor | None, batch: int, length: int, mask_id: 
     return canvas.to(device=like.device, dtype=like.dtype)
 
 
-def guided_logits(forward: Forward, x: torch.Tensor, attn: torch.Tensor | None, scale: float,
-                  prompt_len: int, mask_id: int, keep: slice | None = None) -> torch.Tensor:
-    """The logits of one full step at the positions ``keep`` (None: all); with classifier-free
-    guidance (``scale > 0``) the conditional and the unconditional (prompt masked out) branches run in
-    one batch. -> (B, R, V)"""
-    call = lambda ids, a: logits_at(forward, ids, a, keep)  # noqa: E731
+def guided_logits(forward: Forward, x: torch.Tensor, keep: slice | None, *, attn: torch.Tensor | None, scale: float,
+                  prompt_len: int, mask_id: int) -> torch.Tensor:
+    """The logits of one full step at the positions ``keep`` (None: all) with classifier-free
+    guidance (``scale > 0``): the conditional and the unconditional (prompt masked out) branches run in
+    one batch; ``scale <= 0`` is the plain step. -> (B, R, V)"""
     if scale <= 0:
-        return call(x, attn)
+        return logits_at(forward, x, keep, attn=attn)
     un = x.clone()
     un[:, :prompt_len] = mask_id  # unconditional branch: the prompt is masked out
-    both = call(torch.cat([x, un]), None if attn is None else torch.cat([attn, attn]))
+    both = logits_at(forward, torch.cat([x, un]), keep, attn=None if attn is None else torch.cat([attn, attn]))
     cond, uncond = both.chunk(2)
     return uncond + (scale + 1) * (cond - uncond)
 
 
-def logits_at(forward: Forward, ids: torch.Tensor, attn: torch.Tensor | None, keep: slice | None) -> torch.Tensor:
+def logits_at(forward: Forward, ids: torch.Tensor, keep: slice | None, *, attn: torch.Tensor | None) -> torch.Tensor:
     """``forward``'s logits at the positions ``keep`` (None: all); a policy forward computes only those
     (``models/policy.py: PolicyForward``), a plain callable is sliced. -> (B, R, V)"""
     if keep is None:

@@ -3,14 +3,14 @@
 Per batch of prompts, ``training_step`` is four calls:
 1. :meth:`rollout`: ``G`` completions per prompt from the old policy, scored, with advantages
    (``diffusion_rl/rl/rollout.py``, which knows nothing of Lightning);
-2. :meth:`step_context`: what the objective needs (policy forwards; old values when cached);
+2. :meth:`step_context`: what the objective needs (policy forwards; old log-probs when precomputed);
 3. ``mu`` x :meth:`inner_update`: the objective's loss and its backward (part by part where the
    objective splits it, ``Objective.loss_parts``), total gradient norm *before* clipping, clip,
    optimizer step. A non-finite loss or gradient skips the update, counts it in
    ``train/skipped_updates`` and leaves weights and optimizer untouched;
 4. :meth:`sync_old_policy`: copy the policy into the old policy.
 
-``old_policy=copy`` keeps a frozen copy of the policy as the old policy; ``old_policy=cached``
+``old_policy=copy`` keeps a frozen copy of the policy as the old policy; ``old_policy=precomputed``
 keeps none: the rollout is sampled with the policy itself and, before the first update, the
 objective's ``compute_old_logp`` (old log-probs / ELBOs on every inner iteration's mask seeds) are computed
 from the same weights (``Objective.precompute_old_logp``). Both give the same losses. With LoRA the
@@ -97,7 +97,7 @@ class OptimConfig:
         return warm * (max(0.0, 1.0 - step / self.decay_steps) if self.decay_steps else 1.0)
 
 
-OLD_POLICIES = ("copy", "cached")  # the old policy: a frozen copy, or old values taken at rollout time
+OLD_POLICIES = ("copy", "precomputed")  # the old policy: a frozen copy, or its log-probs taken at rollout time
 
 
 def check_old_policy(value: str) -> None:
@@ -122,7 +122,7 @@ class DiffusionRLModule(L.LightningModule):
                  rollout: RolloutConfig | None = None):
         super().__init__()
         # the configs were validated where they were read (app/train.py's build); a mode string is
-        # checked here too, since an unknown one would otherwise run as "cached"
+        # checked here too, since an unknown one would otherwise run as "precomputed"
         check_old_policy(old_policy)
         self.bundle, self.task, self.objective = bundle, task, objective
         self.sampler_cfg, self.optim_cfg, self.seed = sampler, optim, seed
@@ -130,7 +130,7 @@ class DiffusionRLModule(L.LightningModule):
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
         # a ratio-free objective that scores no old policy needs no frozen copy of it: the
-        # rollout then samples with the policy itself, as with old_policy=cached
+        # rollout then samples with the policy itself, as with old_policy=precomputed
         self.old_policy = copy_net() if old_policy == "copy" and objective.needs_old_logp() else None
         self.needs_ref = objective.cfg.beta > 0
         self.ref_policy = copy_net() if self.needs_ref and not has_adapter(bundle.net) else None
@@ -202,7 +202,7 @@ class DiffusionRLModule(L.LightningModule):
         return ro
 
     def step_context(self, ro: Rollout) -> StepContext:
-        """The forwards the objective calls; with ``old_policy=cached`` every inner iteration's old
+        """The forwards the objective calls; with ``old_policy=precomputed`` every inner iteration's old
         values are taken now, while the policy still is the old policy."""
         ref = None
         if self.needs_ref:
@@ -260,7 +260,7 @@ class DiffusionRLModule(L.LightningModule):
         The loss comes in parts (``Objective.loss_parts``; one for most objectives), each backpropagated
         as soon as it is computed, so the gradients accumulate and one part's graph is alive at a time.
         Forward and backward (whose activation checkpointing recomputes the forward) run with dropout
-        off: the old values were taken without it, so the ratio is exactly 1 at theta = theta_old."""
+        off: the old log-probs were taken without it, so the ratio is exactly 1 at theta = theta_old."""
         self.policy.train()
         loss, metrics = torch.zeros(()), {}
         with dropout_disabled(self.policy):

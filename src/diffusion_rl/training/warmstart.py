@@ -3,8 +3,8 @@
 RL needs a policy that is right some of the time. The embedded model is trained on (prompt, gold
 completion) pairs with the masked-diffusion objective (LLaDA's SFT loss) for a fixed number of steps,
 deliberately not to convergence: accuracy jumps from chance to near perfect within a few dozen steps
-on Sudoku (docs/methods.md §8), so the cut is by step count, not time. The checkpoint is cached
-under the cache folder keyed by every config value that shapes it, so a second run reuses it.
+on Sudoku (docs/methods.md §8), so the cut is by step count, not time. The checkpoint is saved in
+``paths.warmstart_dir`` under a key of every config value that shapes it, so a second run reuses it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from diffusion_rl.core.config import renamed
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import PolicyBundle, encode_prompts, logits_fn
 from diffusion_rl.training.checkpoint import atomic_save  # write, fsync, rename
@@ -36,9 +37,14 @@ class WarmStartConfig:
     # what every RL seed of a comparison shares: the model's initial weights, this run and (conf/config.yaml
     # ties task.seed to it) the task's generated data; the RL seed is the root key `seed`
     seed: int = 0
-    cache: bool = True  # reuse a warm start trained with the same config (outputs/cache/warmstart)
+    reuse: bool = True  # load a warm start trained with the same config from paths.warmstart_dir
     # "inverse_t": LLaDA's 1/t ELBO weighting; "mean" over masked tokens, which made SFT faster here
     weighting: str = "mean"
+    cache: bool | None = None  # deprecated name of reuse, taken for one release with a warning
+
+    def __post_init__(self) -> None:
+        if self.cache is not None:
+            self.reuse, self.cache = renamed("warmstart.reuse", "warmstart.reuse", self.cache), None
 
     def validate(self) -> None:
         if self.weighting not in ("inverse_t", "mean"):
@@ -91,17 +97,18 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 
 def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig,
-               key_parts: dict[str, Any], cache_dir: str | None, progress: bool = True) -> dict[str, Any]:
-    """Train ``bundle.net`` in place (or load the cached result); returns the provenance record."""
+               key_parts: dict[str, Any], folder: str | None, progress: bool = True) -> dict[str, Any]:
+    """Train ``bundle.net`` in place (or load the one trained with the same config from ``folder``,
+    ``paths.warmstart_dir``); returns the provenance record."""
     cfg.validate()
     parts = {"warmstart": asdict(cfg), "gen_length": gen_length, **key_parts}
     key = cache_key(parts)
-    path = Path(cache_dir) / "warmstart" / f"{key}.pt" if cache_dir else None
-    if cfg.cache and path is not None and path.exists():
+    path = Path(folder) / f"{key}.pt" if folder else None
+    if cfg.reuse and path is not None and path.exists():
         blob = torch.load(path, map_location="cpu", weights_only=True)
         bundle.net.load_state_dict(blob["state_dict"])
-        log.info("warm start loaded from cache %s", path)
-        return {"key": key, "path": str(path), "cached": True, "steps": cfg.steps}
+        log.info("warm start loaded from %s", path)
+        return {"key": key, "path": str(path), "reused": True, "steps": cfg.steps}
     items = task.splits.train
     gen = torch.Generator().manual_seed(cfg.seed)
     net = bundle.net
@@ -124,6 +131,6 @@ def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig
         opt.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
     net.eval()
-    if path is not None and cfg.cache:
+    if path is not None and cfg.reuse:
         atomic_save({"state_dict": net.state_dict(), "provenance": parts}, path)
-    return {"key": key, "path": str(path) if path else None, "cached": False, "steps": cfg.steps}
+    return {"key": key, "path": str(path) if path else None, "reused": False, "steps": cfg.steps}

@@ -215,7 +215,7 @@ def test_lora_reference_is_the_base_model_without_a_copy(tmp_path, hf_path):
     from diffusion_rl.models.adapters import reference_logits_fn
     from diffusion_rl.training.module import DiffusionRLModule
 
-    m = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0, old_policy="cached")
+    m = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0, old_policy="precomputed")
     assert m.ref_policy is None and m.old_policy is None  # one model in memory
     for name, p in m.policy.named_parameters():
         if "lora_B" in name:

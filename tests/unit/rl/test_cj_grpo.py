@@ -1,6 +1,6 @@
 """CJ-GRPO: parity with a transcription of the public loss (yjyddq/EOSER-ASS-RL @ 5affb4e) on random
 tensors and on the tiny models' own recorded rollouts (semi-AR, EOSER + ASS, a block model), values and
-gradients; the reductions that would differ; the loss's invariants; the rows and the old values; the
+gradients; the reductions that would differ; the loss's invariants; the rows and the old log-probs; the
 config errors and the yaml.
 
 The reference below is written for this test from ``cj-grpo/cj_grpo_trainer_semiar.py``

@@ -368,11 +368,11 @@ def test_the_ratio_diagnostic_reads_the_samplers_log_probs_and_costs_no_forward(
 
 
 def test_rollouts_decode_left_to_right_and_evaluation_keeps_the_configured_sampler(tmp_path):
-    c = build(compose_cfg(["objective=justgrpo", "sampler.cache=dual", "sampler.cfg_scale=0"], tmp_path))
+    c = build(compose_cfg(["objective=justgrpo", "sampler.kv_cache=dual", "sampler.cfg_scale=0"], tmp_path))
     engine = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler)
     s = engine.sampler
-    assert (s.block_length, s.steps, s.temperature, s.decode, s.cache, s.cfg_scale) == (1, 16, 1.0, "fixed", "none", 0.0)
-    assert (c.sampler.block_length, c.sampler.temperature, c.sampler.cache) == (16, 0.9, "dual")  # the evaluation's
+    assert (s.block_length, s.steps, s.temperature, s.decode, s.kv_cache, s.cfg_scale) == (1, 16, 1.0, "fixed", "none", 0.0)
+    assert (c.sampler.block_length, c.sampler.temperature, c.sampler.kv_cache) == (16, 0.9, "dual")  # the evaluation's
     grpo = build(compose_cfg(["objective=grpo"], tmp_path))
     assert grpo.objective.rollout_sampler(grpo.sampler) is grpo.sampler  # other objectives roll out as configured
 

@@ -213,17 +213,17 @@ def _rollout(bundle, objective, advantage="group", **sampler_kw):
     return RolloutEngine(bundle, TextTask(), objective, cls(cls.config_class()), sampler, seed=1)(ITEMS, bundle.net, 0)
 
 
-OPTIONS = [dict(decode=d, cache=c, stop_after_eos=s, threshold=0.3)
+OPTIONS = [dict(decode=d, kv_cache=c, stop_after_eos=s, threshold=0.3)
            for d, c, s in itertools.product(("fixed", "threshold", "factor"), ("none", "prefix", "dual"), (False, True))]
 
 
-@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: f"{o['decode']}-{o['cache']}-{'stop' if o['stop_after_eos'] else 'full'}")
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: f"{o['decode']}-{o['kv_cache']}-{'stop' if o['stop_after_eos'] else 'full'}")
 def test_egspo_step_ratio_is_exactly_one_under_every_sampler_option(opts):
     bundle = _bundle(ends_early=opts["stop_after_eos"])
     lik = OneStepEstimator(LikelihoodConfig(), bundle.mask_token_id)
     kw = dict(K=4, mu=1, old_logp="recompute")  # the old policy replays each step: exactly the policy's
-    obj = EGSPOSA(EGSPOSAConfig(**kw), lik) if opts["cache"] == "prefix" else EGSPO(EGSPOConfig(**kw), lik)
-    ro = _rollout(bundle, obj, "stepwise" if opts["cache"] == "prefix" else "group", **opts)
+    obj = EGSPOSA(EGSPOSAConfig(**kw), lik) if opts["kv_cache"] == "prefix" else EGSPO(EGSPOConfig(**kw), lik)
+    ro = _rollout(bundle, obj, "stepwise" if opts["kv_cache"] == "prefix" else "group", **opts)
     traj, steps = ro.trajectory, ro.selected_steps
     assert torch.equal(traj.final[:, -12:], ro.completion_ids)
     valid = steps >= 0
@@ -241,7 +241,7 @@ def test_egspo_step_ratio_is_exactly_one_under_every_sampler_option(opts):
     loss, m = obj.loss(StepContext(ro, 0, 0, f, f, None))
     assert m["ratio/log_max"].item() == 0 and m["ratio/log_min"].item() == 0  # exactly 1, not approximately
     assert torch.isfinite(loss)
-    if opts["cache"] == "none":  # the sampler's own step log-probs are the replay's, up to float batching
+    if opts["kv_cache"] == "none":  # the sampler's own step log-probs are the replay's, up to float batching
         assert abs(m["rollout/mismatch_log_ratio"].item()) < 1e-4
     for key in ("rollout/forwards_per_sample", "rollout/forward_tokens_per_sample", "rollout/steps_per_sample",
                 "rollout/tokens_per_forward"):
@@ -255,7 +255,7 @@ def test_a_stale_cache_shows_as_mismatch_and_tis_corrects_it():
     out = {}
     for cache in ("none", "dual"):
         obj = EGSPO(EGSPOConfig(K=4, mu=1, old_logp="recompute", behaviour_correction="tis"), lik)
-        ro = _rollout(bundle, obj, cache=cache)
+        ro = _rollout(bundle, obj, kv_cache=cache)
         out[cache] = obj.loss(StepContext(ro, 0, 0, f, f, None))[1]
     assert abs(out["none"]["rollout/mismatch_log_ratio"].item()) < 1e-4
     assert out["none"]["tis/weight_mean"].item() == pytest.approx(1.0, abs=1e-4)
@@ -267,7 +267,7 @@ def test_rollout_carries_the_samplers_log_probs_and_cost():
     bundle = _bundle(ends_early=False)
     obj = EGSPO(EGSPOConfig(K=2, mu=1), OneStepEstimator(LikelihoodConfig(), bundle.mask_token_id))
     exact = _rollout(bundle, obj)
-    fast = _rollout(bundle, obj, decode="threshold", threshold=0.3, cache="dual")
+    fast = _rollout(bundle, obj, decode="threshold", threshold=0.3, kv_cache="dual")
     for ro in (exact, fast):
         assert ro.sampler_logp.shape == ro.completion_ids.shape and bool((ro.sampler_logp <= 0).all())
         # per step, the sampler's token log-probs sum to the trajectory's recorded step log-probs

@@ -287,7 +287,7 @@ def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
     module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, 0)
     assert module.old_policy is None  # no frozen copy either
     tis = SPG(SPGConfig(ratio_diagnostic=False, behaviour_correction="tis"), c.objective.likelihood)
-    assert tis.needs_old_logp()  # TIS reads the old values whatever the diagnostic says
+    assert tis.needs_old_logp()  # TIS reads the old log-probs whatever the diagnostic says
 
 
 # ---------------------------------------------------------------- configs

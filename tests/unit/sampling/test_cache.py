@@ -37,7 +37,7 @@ def test_a_refresh_every_step_is_the_uncached_sampler(cache, decode):
     b, net = _model(2)
     cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.9, decode=decode, threshold=0.5)
     ref = _run(b, net, cfg)
-    out = _run(b, net, replace(cfg, cache=cache, cache_refresh=1))
+    out = _run(b, net, replace(cfg, cache=cache, kv_cache_refresh=1))
     assert torch.equal(out.completion, ref.completion)
     assert torch.equal(out.token_logp, ref.token_logp)
     assert out.forward_tokens == ref.forward_tokens  # every step was a full forward
@@ -51,7 +51,7 @@ def test_caches_are_exact_for_a_one_layer_model(cache):
     b, net = _model(1)
     cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.0)
     ref = _run(b, net, cfg)
-    out = _run(b, net, replace(cfg, cache=cache))
+    out = _run(b, net, replace(cfg, kv_cache=cache))
     assert torch.equal(out.completion, ref.completion)
     assert torch.allclose(out.token_logp, ref.token_logp, atol=1e-5)
     assert out.forward_tokens < ref.forward_tokens
@@ -65,7 +65,7 @@ def test_a_deeper_model_sees_stale_states():
     cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.0)
     ids, _ = encode_prompts(b.tokenizer, PROMPTS)
     P, T = ids.shape[1], ids.shape[1] + 12
-    runs = {c: _run(b, net, replace(cfg, cache=c)) for c in ("none", "prefix", "dual")}
+    runs = {c: _run(b, net, replace(cfg, kv_cache=c)) for c in ("none", "prefix", "dual")}
     assert runs["none"].forward_tokens == 6 * T
     assert runs["prefix"].forward_tokens == sum(T + (T - (P + 4 * k)) for k in range(3))  # 2 steps per block
     assert runs["dual"].forward_tokens == 3 * (T + 4)
@@ -78,7 +78,7 @@ def test_a_recorder_sees_full_width_steps_with_a_cache():
     sequence, and its replayed states are the states the sampler was in."""
     b, net = _model(2)
     cfg = SamplerConfig(gen_length=12, block_length=4, steps=12, temperature=0.9, decode="threshold", threshold=0.5,
-                        cache="dual")
+                        kv_cache="dual")
     seen = []
 
     class Spy(TrajectoryRecorder):
@@ -105,7 +105,7 @@ def test_cache_support_is_checked_in_one_line():
         supports_kv_cache = True
 
     check_cache_support(NoCache(), "none")
-    with pytest.raises(ConfigError, match="sampler.cache"):
+    with pytest.raises(ConfigError, match="sampler.kv_cache"):
         check_cache_support(NoCache(), "prefix")
     check_cache_support(PrefixOnly(), "prefix")
     with pytest.raises(ConfigError, match="kv_cache_any_order"):
@@ -132,7 +132,7 @@ def test_native_released_models_take_both_caches(arch, attention, cache, tmp_pat
     assert net.config.to_dict().get("n_layers", net.config.to_dict().get("num_hidden_layers")) == 1
     cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.0)
     ref = _run(b, net, cfg)
-    out = _run(b, net, replace(cfg, cache=cache))
+    out = _run(b, net, replace(cfg, kv_cache=cache))
     assert torch.equal(out.completion, ref.completion)
     assert torch.allclose(out.token_logp, ref.token_logp, atol=1e-4)
     assert out.forward_tokens < ref.forward_tokens

@@ -69,7 +69,7 @@ FLAT_CASES = [  # (decode, cache, remasking)
 @pytest.mark.parametrize("decode,cache,remasking", FLAT_CASES)
 def test_embedded_flat_sampler(flat, decode, cache, remasking, temperature):
     cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=temperature, decode=decode,
-                        threshold=0.05, cache=cache, remasking=remasking)
+                        threshold=0.05, kv_cache=cache, remasking=remasking)
     whole = assert_chunking_changes_nothing(flat, cfg)
     if temperature > 0 or remasking == "random":  # the rows do draw: another key gives other samples
         assert not torch.equal(chunked(flat, cfg, len(PROMPTS), key=KEY + 1)[0], whole)
@@ -89,7 +89,7 @@ def test_tiny_llada(llada, decode, cache, temperature):
     """LLaDA as released (padding attended and counted in the positions): the rows share one padded
     prompt tensor, as in a rollout, so only the chunking differs."""
     cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=temperature, decode=decode,
-                        threshold=0.05, cache=cache)
+                        threshold=0.05, kv_cache=cache)
     assert_chunking_changes_nothing(llada, cfg)
 
 

@@ -216,9 +216,9 @@ def test_stop_after_eos_fills_the_remaining_blocks_without_forwards(tiny_bundle)
 def test_sampler_option_errors():
     from diffusion_rl.core.errors import ConfigError
 
-    for kw, key in [({"decode": "greedy"}, "sampler.decode"), ({"cache": "full"}, "sampler.cache"),
+    for kw, key in [({"decode": "greedy"}, "sampler.decode"), ({"kv_cache": "full"}, "sampler.kv_cache"),
                     ({"decode": "threshold", "remasking": "random"}, "sampler.remasking"),
                     ({"threshold": 1.5}, "sampler.threshold"), ({"factor": 0.0}, "sampler.factor"),
-                    ({"cache": "dual", "cfg_scale": 1.0}, "sampler.cfg_scale"), ({"cache_refresh": -1}, "sampler.cache_refresh")]:
+                    ({"kv_cache": "dual", "cfg_scale": 1.0}, "sampler.cfg_scale"), ({"kv_cache_refresh": -1}, "sampler.kv_cache_refresh")]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             SamplerConfig(**kw).validate()

@@ -30,7 +30,7 @@ the global batch's on every process (``diffusion_rl/core/distributed.py``). Obje
 Lightning. The old policy's values come from :meth:`Objective.compute_old_logp`, which the module
 either calls during each inner update with a frozen copy of the policy (``old_policy=copy``) or for
 every inner iteration right after the rollout, while the policy still *is* the old policy
-(``old_policy=cached``: no second model); :meth:`Objective.old_logp` reads whichever applies.
+(``old_policy=precomputed``: no second model); :meth:`Objective.old_logp` reads whichever applies.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class ObjectiveConfig:
     # theta = theta_old; false draws fresh masks for the new policy, the StableDRL code's regime of
     # largest ratio noise (docs/methods.md §3)
     share_masks_with_old: bool = True
-    # rollouts from an approximate sampler (sampler.cache, ...): none | tis (truncated importance
+    # rollouts from an approximate sampler (sampler.kv_cache, ...): none | tis (truncated importance
     # weights min(pi_old / q_sampler, tis_cap) per unit of the ratio; rl/objectives/behaviour.py)
     behaviour_correction: str = "none"
     tis_cap: float = 2.0  # the cap of autoregressive RL's TIS (Yao et al. 2025)
@@ -136,12 +136,12 @@ class StepContext:
     inner_iter: int
     run_seed: int
     policy: Forward  # with gradients
-    old_policy: Forward | None  # frozen old policy (None with old_policy=cached)
+    old_policy: Forward | None  # frozen old policy (None with old_policy=precomputed)
     ref_policy: Forward | None  # frozen reference policy (beta > 0)
     cache: dict[str, Any] = field(default_factory=dict)  # per-rollout memo shared across inner iters
     precomputed_old_logp: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed compute_old_logp()
     # the policy holds the old policy's weights (the module sets it for the first update after a
-    # rollout): old values scored like the policy's are then the policy's own (old_logp_like_policy)
+    # rollout): old log-probs scored like the policy's are then the policy's own (old_logp_like_policy)
     policy_is_old: bool = False
     step: int = 0  # optimizer steps taken before this update (a schedule over training: d-TreeRPO's)
 
@@ -301,7 +301,7 @@ class Objective(ABC):
                           it + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
 
     def old_logp_iter(self, inner_iter: int) -> int:
-        """The inner iteration whose old values serve ``inner_iter``: its own when the old policy shares
+        """The inner iteration whose old log-probs serve ``inner_iter``: its own when the old policy shares
         the new one's masks, the first otherwise (one old forward per rollout)."""
         return inner_iter if self.cfg.share_masks_with_old else 0
 
@@ -321,8 +321,8 @@ class Objective(ABC):
     def old_logp_like_policy(self) -> bool:
         """Whether the old policy is scored exactly as the policy (the same masks:
         ``share_masks_with_old``), so that while the two hold the same weights (``ctx.policy_is_old``:
-        the first update after a rollout) the old values are the policy's own, detached, the ratio is 1
-        by construction and the old policy's forward is skipped. An objective whose old values come
+        the first update after a rollout) the old log-probs are the policy's own, detached, the ratio is 1
+        by construction and the old policy's forward is skipped. An objective whose old log-probs come
         another way (EGSPO's recorded log-probs) says no."""
         return self.cfg.share_masks_with_old
 

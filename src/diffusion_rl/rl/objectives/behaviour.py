@@ -2,7 +2,7 @@
 truncated importance-sampling correction (``objective.behaviour_correction``).
 
 Every objective treats its rollouts as samples of ``pi_theta_old`` as its likelihood estimator sees
-it. A sampler with ``sampler.cache=prefix|dual`` (stale keys and values) or any other approximation
+it. A sampler with ``sampler.kv_cache=prefix|dual`` (stale keys and values) or any other approximation
 draws them from a slightly different policy ``q``. The sampler records its own temperature-1
 log-probability of every token it committed, from the logits it committed it with
 (``Rollout.sampler_logp``, or the trajectory's per-step values for EGSPO), and each objective puts it

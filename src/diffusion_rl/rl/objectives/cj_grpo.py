@@ -231,7 +231,7 @@ class CJGRPO(Objective):
 
     # ---- per inner update ---------------------------------------------------------------
     def old_logp_iter(self, inner_iter: int) -> int:
-        """One set of old values per rollout: a transition is scored without random masks, so every
+        """One set of old log-probs per rollout: a transition is scored without random masks, so every
         inner update shares them (the public code takes them once, at rollout time)."""
         return 0
 

@@ -19,7 +19,7 @@ mu = 2`` trains slots 0-3, then 4-7 (logged as ``egspo/slice_start``). ``log pi_
 computed once per rollout with the old policy on the reconstructed state and cached
 (``old_logp=recompute``), or read from the trajectory recorder (``old_logp=recorded``, no forward;
 equal at ``theta_old`` up to float batching, but not with classifier-free guidance nor with a
-``sampler.cache``, whose logits are approximate: then the ratio carries that mismatch, which
+``sampler.kv_cache``, whose logits are approximate: then the ratio carries that mismatch, which
 ``recompute`` shows as ``rollout/mismatch_log_ratio`` and ``behaviour_correction=tis`` can correct).
 
 Any sampler option: the replay uses exactly the committed sets the sampler chose (the recorder's),

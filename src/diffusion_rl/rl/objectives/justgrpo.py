@@ -51,7 +51,7 @@ Deviations from the public code:
 - rewards are the task's; the public ones are +1 / -1 for correct / wrong. The std-scaled advantage
   of a two-valued reward does not depend on its two values (up to the 1e-4);
 - rollouts: the configured sampler with one-token blocks, ``steps = gen_length``, temperature 1,
-  ``decode=fixed``, ``cache=none``, no guidance (:meth:`rollout_sampler`; the public ``generate``
+  ``decode=fixed``, ``kv_cache=none``, no guidance (:meth:`rollout_sampler`; the public ``generate``
   call). Evaluation keeps the configured sampler (the public ``eval.py`` decodes blocks of 32);
 - non-finite values: the public step zeroes NaN / inf gradient entries and steps; here a non-finite
   loss or gradient skips the update (the module's rule);
@@ -181,13 +181,13 @@ class JustGRPO(Objective):
                               "objective=justgrpo with objective.tokens=all scores every position, and the EOS "
                               "filled in after the first one were not drawn: set objective.tokens=scored")
         return replace(sampler, block_length=1, steps=sampler.gen_length, temperature=1.0, decode="fixed",
-                       cache="none", cfg_scale=0.0, remasking="low_confidence")
+                       kv_cache="none", cfg_scale=0.0, remasking="low_confidence")
 
     def needs_old_logp(self) -> bool:
         return self.cfg.ratio_diagnostic
 
     def old_logp_like_policy(self) -> bool:
-        return False  # the old values are the sampler's own log-probs, not a second scoring
+        return False  # the old log-probs are the sampler's own log-probs, not a second scoring
 
     def tokens(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) float: the positions scored."""
@@ -213,4 +213,4 @@ class JustGRPO(Objective):
         return ro.sampler_logp * self.tokens(ctx).to(ro.sampler_logp.dtype)
 
     def sampler_units(self, ctx: StepContext) -> torch.Tensor | None:
-        return None  # the old values are the sampler's: no mismatch to measure
+        return None  # the old log-probs are the sampler's: no mismatch to measure

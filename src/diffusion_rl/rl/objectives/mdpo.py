@@ -240,7 +240,7 @@ class MDPO(Objective):
         states = plan["states"][rows]  # (r, P+L)
         P = states.shape[1] - L
         attn = None if plan["attn"] is None else plan["attn"][rows]
-        logits = logits_at(forward, states, attn, slice(P, P + L)).float()  # (r, L, V)
+        logits = logits_at(forward, states, slice(P, P + L), attn=attn).float()  # (r, L, V)
         logp = token_logps(logits / (plan["tau"] + torch.finfo(logits.dtype).eps), plan["pred"][rows])  # (r, L)
         logp = torch.where(trained[rows], logp, torch.zeros_like(logp))
         return logp.new_zeros(n * K, L).index_copy(0, rows, logp).view(n, K, L)
