@@ -56,7 +56,7 @@ options of ``decode=fixed`` that any objective may use:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -495,8 +495,7 @@ def generate(
     x = torch.cat([prompt_ids, start_canvas(canvas, B, L, mask_id, prompt_ids)], 1)  # (B, T)
     attn = completion_attention(prompt_mask, L)  # (B, T) | None
     stats = CommitStats(B, P + L, prompt_ids.device)
-    full = (partial(logits_at, forward, attn=attn) if cfg.cfg_scale <= 0  # (ids, keep) -> logits at keep
-            else partial(guided_logits, forward, attn=attn, scale=cfg.cfg_scale, prompt_len=P, mask_id=mask_id))
+    full = full_step(forward, attn, cfg, P, mask_id)
     source = step_logits(cfg.kv_cache, full, 2 if cfg.cfg_scale > 0 else 1, net, attn, stats.forward,
                          cfg.kv_cache_refresh, keep_full=recorder is not None)
     ended_at = torch.full((B,), P + L, dtype=torch.long, device=x.device)  # stop_after_eos: where a row ended
@@ -586,6 +585,15 @@ def start_canvas(canvas: torch.Tensor | None, batch: int, length: int, mask_id: 
     if tuple(canvas.shape) != (batch, length):
         raise ValueError(f"canvas {tuple(canvas.shape)} must cover the completion ({batch}, {length})")
     return canvas.to(device=like.device, dtype=like.dtype)
+
+
+def full_step(forward: Forward, attn: torch.Tensor | None, cfg: SamplerConfig, prompt_len: int,
+              mask_id: int) -> Callable[[torch.Tensor, slice | None], torch.Tensor]:
+    """The exact step, ``(ids, keep) -> logits at keep``: the forward itself, or with classifier-free
+    guidance when ``cfg.cfg_scale > 0``."""
+    if cfg.cfg_scale <= 0:
+        return partial(logits_at, forward, attn=attn)
+    return partial(guided_logits, forward, attn=attn, scale=cfg.cfg_scale, prompt_len=prompt_len, mask_id=mask_id)
 
 
 def guided_logits(forward: Forward, x: torch.Tensor, keep: slice | None, *, attn: torch.Tensor | None, scale: float,

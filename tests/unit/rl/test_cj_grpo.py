@@ -301,11 +301,11 @@ def test_the_rows_are_the_recorded_transitions_and_post_eos_tokens_train(tiny_bu
     ro, public, out = early_eos_rollout(bundle, pin=True)
     eos_rows = ro.completion_mask == 0  # (n, L) strictly after the first EOS
     ctx = StepContext(ro, 0, 0, None, None, None)
-    mask = objective_of(bundle)._plan(ctx)["mask"].bool()  # (n, T, L)
+    mask = objective_of(bundle).plan(ctx).mask.bool()  # (n, T, L)
     assert torch.equal(mask, torch.stack(public.unmask, 1))
     assert (mask.any(1) & eos_rows).any()  # post-EOS tokens are trained
     assert not (mask.any(1) & ro.pinned).any()  # pinned tokens are in no transition
-    cut = objective_of(bundle, after_eos=False)._plan(StepContext(ro, 0, 0, None, None, None))["mask"].bool()
+    cut = objective_of(bundle, after_eos=False).plan(StepContext(ro, 0, 0, None, None, None)).mask.bool()
     assert torch.equal(cut, mask & ~eos_rows[:, None, :])
 
 

@@ -300,10 +300,10 @@ def test_values_are_the_rewards_of_every_steps_prediction_and_the_steps_chosen_b
     assert "mdpo/best_minus_final" in ro.metrics and "mdpo/value_mean" in ro.metrics
     f = logits_fn(tiny_bundle.net)
     ctx = StepContext(ro, 0, 0, f, f, None)
-    plan = obj._plan(ctx)
+    plan = obj.plan(ctx)
     for j in range(8):  # the K trained steps are those of largest |A|, largest first
         order = sorted(range(4), key=lambda s: (-abs(float(ro.advantages[j, s])), s))
-        assert plan["steps"][j].tolist() == order[:3]
+        assert plan.steps[j].tolist() == order[:3]
     loss, metrics = obj.loss(ctx)
     assert torch.isfinite(loss) and metrics["ratio/log_max"].item() == 0  # theta = theta_old
     assert metrics["mdpo/adv_abs_selected"].item() >= metrics["mdpo/adv_abs_mean"].item()

@@ -459,11 +459,11 @@ def test_masked_rows_are_the_recorded_states_before_each_step(tiny_bundle):
     P = ids.shape[1]
     ctx = StepContext(ro, 0, 0, logits_fn(tiny_bundle.net), logits_fn(tiny_bundle.net), None)
     b = obj._batch(ctx)
-    for k in range(b["sample"].numel()):
-        j, r = int(b["sample"][k]), int(b["round"][k])
+    for k in range(b.sample.numel()):
+        j, r = int(b.sample[k]), int(b.round[k])
         steps = sorted({s for s in rec.commit_step[j, P:].tolist()})
         state = rec.state_before(steps[r])[j, P:]
-        assert torch.equal(out.completion[j].masked_fill(b["masked"][k], tiny_bundle.mask_token_id), state)
+        assert torch.equal(out.completion[j].masked_fill(b.masked[k], tiny_bundle.mask_token_id), state)
     old = obj.logp_units(ctx, ctx.old_policy, "old")
     q = obj.sampler_units(ctx)
     torch.testing.assert_close(old.logp * old.mask, q, atol=2e-5, rtol=0)
@@ -489,7 +489,7 @@ def test_block_rows_score_each_block_as_the_sampler_saw_it():
             continue
         lp = F.log_softmax(fwd(state, torch.ones_like(state)), -1).gather(-1, rec.final.unsqueeze(-1)).squeeze(-1)
         for j, i in committed[:, P:].nonzero().tolist():
-            k = ((b["sample"] == j) & b["trained"][:, i]).nonzero()
+            k = ((b.sample == j) & b.trained[:, i]).nonzero()
             if k.numel():
                 assert s.logp[int(k)][i].item() == pytest.approx(lp[j, P + i].item(), abs=2e-5)
     torch.testing.assert_close(s.logp * s.mask, obj.sampler_units(ctx), atol=2e-5, rtol=0)
@@ -504,9 +504,9 @@ def test_inner_updates_cover_every_row_once(tiny_bundle):
     for it in range(3):
         ctx.inner_iter = it
         b = obj._batch(ctx)
-        seen += list(zip(b["sample"].tolist(), b["round"].tolist()))
-    plan = obj._plan(ctx)
-    assert seen == list(zip(plan["sample"].tolist(), plan["round"].tolist()))  # in order, no repeats
+        seen += list(zip(b.sample.tolist(), b.round.tolist()))
+    plan = obj.plan(ctx)
+    assert seen == list(zip(plan.sample.tolist(), plan.round.tolist()))  # in order, no repeats
     kept = {j for j, _ in seen}
     assert kept == {j for j in range(16) if GROUPS[j // 4] != [1, 1, 1, 1]}
 

@@ -138,7 +138,9 @@ class StepContext:
     policy: Forward  # with gradients
     old_policy: Forward | None  # frozen old policy (None with old_policy=precomputed)
     ref_policy: Forward | None  # frozen reference policy (beta > 0)
-    cache: dict[str, Any] = field(default_factory=dict)  # per-rollout memo shared across inner iters
+    # the objective's per-rollout plan: a dataclass of its own, made on first use (Objective.plan) and
+    # shared by the rollout's inner updates (EGSPO's selected steps, TraceRL's rounds, ...)
+    plan: Any = None
     precomputed_old_logp: dict[int, Any] = field(default_factory=dict)  # inner iter -> precomputed compute_old_logp()
     # the policy holds the old policy's weights (the module sets it for the first update after a
     # rollout): old log-probs scored like the policy's are then the policy's own (old_logp_like_policy)
@@ -299,6 +301,17 @@ class Objective(ABC):
         it = self.old_logp_iter(ctx.inner_iter) if role == "old" else ctx.inner_iter
         return mask_seeds(ctx.run_seed, ro.rollout_id, ro.completion_ids.shape[0],
                           it + (_FRESH_MASKS if fresh else 0), ro.shard.offset)
+
+    def plan(self, ctx: StepContext) -> Any:
+        """This rollout's plan (``ctx.plan``), made by :meth:`make_plan` at the first inner update."""
+        if ctx.plan is None:
+            ctx.plan = self.make_plan(ctx)
+        return ctx.plan
+
+    def make_plan(self, ctx: StepContext) -> Any:
+        """The objective's per-rollout plan: what its inner updates share beyond the rollout (an
+        objective that keeps one returns its own dataclass)."""
+        raise NotImplementedError(f"objective {self.cfg.name} keeps no per-rollout plan")
 
     def old_logp_iter(self, inner_iter: int) -> int:
         """The inner iteration whose old log-probs serve ``inner_iter``: its own when the old policy shares

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -150,6 +150,17 @@ def cj_grpo_loss(
     return loss, metrics
 
 
+@dataclass
+class CJGRPOPlan:
+    """What CJ-GRPO's inner updates of one rollout share: the transitions and their rows."""
+
+    mask: torch.Tensor  # (n, T, L) 1 = the token unmasked at that transition and trained
+    run: Callable[[Forward], torch.Tensor]  # a policy forward -> (n, T, L) the log-prob of every transition's tokens
+    rows: int  # the (sample, transition) rows the model runs (0: one empty row keeps the graph)
+    T: int  # transitions per sample, the most of any process
+    ref_logp: torch.Tensor | None = None  # (n, T, L) the reference's, computed once per rollout
+
+
 @OBJECTIVES.register("cj_grpo")
 class CJGRPO(Objective):
     config_class = CJGRPOConfig
@@ -175,12 +186,9 @@ class CJGRPO(Objective):
             "cj_grpo/transitions_per_sample": per_sample.mean().item() if per_sample.numel() else 0.0}
 
     # ---- per rollout: the transitions and their rows ------------------------------------
-    def _plan(self, ctx: StepContext) -> dict[str, Any]:
+    def make_plan(self, ctx: StepContext) -> CJGRPOPlan:
         """The (sample, transition, position) mask of the trained tokens, the model inputs of every
-        (sample, transition) row and a function scoring them; memoised per rollout."""
-        plan = ctx.cache.get("cj_grpo/plan")
-        if plan is not None:
-            return plan
+        (sample, transition) row and a function scoring them, once per rollout."""
         ro = ctx.rollout
         traj = ro.trajectory
         assert traj is not None and traj.commit_step is not None and traj.final is not None, \
@@ -214,9 +222,7 @@ class CJGRPO(Objective):
             vals = stepwise_logps(forward, *args, reduce="token")[:, -L:]  # (M, L), 0 where not scored
             return vals.new_zeros(n * T, L).index_copy(0, index, vals).view(n, T, L)
 
-        plan = {"mask": mask.float(), "run": run, "rows": real, "T": T}
-        ctx.cache["cj_grpo/plan"] = plan
-        return plan
+        return CJGRPOPlan(mask.float(), run, real, T)
 
     @staticmethod
     def _global_steps(ctx: StepContext, T: int) -> int:
@@ -239,17 +245,17 @@ class CJGRPO(Objective):
         return super().old_logp_like_policy() and self.cfg.old_logp == "recompute"
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
-        plan = self._plan(ctx)
-        mask = plan["mask"]
+        plan = self.plan(ctx)
+        mask = plan.mask
         if role == "old" and self.cfg.old_logp == "recorded":
             recorded = self.sampler_units(ctx)
             assert recorded is not None, "objective.old_logp=recorded needs the sampler's log-probs"
             return LogpUnits(recorded, mask)
         if role == "ref":  # a frozen policy: its values serve every inner update of the rollout
-            if "cj_grpo/ref" not in ctx.cache:
-                ctx.cache["cj_grpo/ref"] = plan["run"](forward)
-            return LogpUnits(ctx.cache["cj_grpo/ref"], mask)
-        return LogpUnits(plan["run"](forward), mask)
+            if plan.ref_logp is None:
+                plan.ref_logp = plan.run(forward)
+            return LogpUnits(plan.ref_logp, mask)
+        return LogpUnits(plan.run(forward), mask)
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """(n, 1, 1) per sample, or (n, 1, L) per token: the same for every transition."""
@@ -262,7 +268,7 @@ class CJGRPO(Objective):
         ro = ctx.rollout
         if ro.sampler_logp is None:
             return None
-        mask = self._plan(ctx)["mask"]
+        mask = self.plan(ctx).mask
         return ro.sampler_logp.to(mask)[:, None, :] * mask  # (n, T, L)
 
     def kl_term(self, policy: LogpUnits, ref: LogpUnits, gather: Callable[[torch.Tensor], torch.Tensor],
@@ -272,9 +278,9 @@ class CJGRPO(Objective):
         return transition_mean(kl, gather(policy.mask), group_size if self.cfg.agg == "group" else 1)
 
     def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
-        plan = self._plan(ctx)
+        plan = self.plan(ctx)
         n = max(ctx.rollout.completion_ids.shape[0], 1)
         return {
-            "cj_grpo/tokens_per_transition": plan["mask"].sum() / max(plan["rows"], 1),
-            "cost/train_forwards_per_sample": torch.tensor(plan["rows"] / n),
+            "cj_grpo/tokens_per_transition": plan.mask.sum() / max(plan.rows, 1),
+            "cost/train_forwards_per_sample": torch.tensor(plan.rows / n),
         }

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -172,6 +172,19 @@ def self_distillation(logp: torch.Tensor, tokens: torch.Tensor, mask: torch.Tens
     return total / count.clamp_min(1), count
 
 
+@dataclass
+class TreeEdges:
+    """Every edge of one rollout's trees, a row each, shared by its inner updates."""
+
+    row: torch.Tensor  # (K,) the prompt row of each edge
+    child: torch.Tensor  # (K, L) the child state
+    masked: torch.Tensor  # (K, L) the positions masked in the parent state
+    trained: torch.Tensor  # (K, L) those the child commits, up to its EOS
+    advantages: torch.Tensor  # (K,) each edge's advantage
+    groups: torch.Tensor  # (K,) the parent of each edge, unique over the processes
+    policy_logp: torch.Tensor | None = None  # (K, L) the policy's, with gradients, of this inner update
+
+
 @OBJECTIVES.register("dtreerpo")
 class DTreeRPO(Objective):
     config_class = DTreeRPOConfig
@@ -193,12 +206,11 @@ class DTreeRPO(Objective):
         self.eos_id = int(bundle.eos_token_id)
 
     # ---- the edges of the rollout's trees -----------------------------------------------
-    def edges(self, ctx: StepContext) -> dict[str, Any]:
-        """Every edge's row (prompt row, parent and child states, trained tokens, advantage, group);
-        memoised per rollout."""
-        memo = ctx.cache.get("dtreerpo/edges")
-        if memo is not None:
-            return memo
+    def edges(self, ctx: StepContext) -> TreeEdges:
+        """Every edge of the rollout's trees (the plan its inner updates share)."""
+        return self.plan(ctx)
+
+    def make_plan(self, ctx: StepContext) -> TreeEdges:
         tree = ctx.rollout.tree
         assert tree is not None and tree.advantages is not None, "objective=dtreerpo needs a tree rollout"
         k = tree.edges  # (K,)
@@ -207,23 +219,20 @@ class DTreeRPO(Objective):
         assert self.eos_id is not None, "DTreeRPO.bind was not called"
         trained = (parent == mask_id) & (child != mask_id) & completion_mask(child, self.eos_id).bool()
         groups = tree.parent[k] + ctx.rollout.shard.rank * tree.states.shape[0]  # unique over processes
-        memo = {"row": tree.row[k], "child": child, "masked": parent == mask_id, "trained": trained,
-                "advantages": tree.advantages[k].float(), "groups": groups}
-        ctx.cache["dtreerpo/edges"] = memo
-        return memo
+        return TreeEdges(tree.row[k], child, parent == mask_id, trained, tree.advantages[k].float(), groups)
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         e, ro = self.edges(ctx), ctx.rollout
-        r = e["row"]
-        logp = masked_logps(forward, ro.prompt_ids[r], ro.prompt_mask[r], e["child"], e["masked"], e["trained"],
+        r = e.row
+        logp = masked_logps(forward, ro.prompt_ids[r], ro.prompt_mask[r], e.child, e.masked, e.trained,
                             self.likelihood.mask_id)  # (K, L)
-        mask = e["trained"].to(logp.dtype)
+        mask = e.trained.to(logp.dtype)
         if role == "policy":
-            ctx.cache["dtreerpo/policy_logp"] = logp
+            e.policy_logp = logp
         return LogpUnits(logp, mask)
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
-        return self.edges(ctx)["advantages"][:, None]  # (K, 1)
+        return self.edges(ctx).advantages[:, None]  # (K, 1)
 
     def sampler_units(self, ctx: StepContext) -> torch.Tensor | None:
         return None  # a child's tokens were committed over several steps, not from the parent state
@@ -233,11 +242,12 @@ class DTreeRPO(Objective):
         lam, tau = schedule(self.cfg, ctx.step)
         e, g = self.edges(ctx), ctx.rollout.shard.gather
         metrics.update({"dtreerpo/lambda": torch.tensor(lam), "dtreerpo/tau": torch.tensor(tau),
-                        "dtreerpo/edges": torch.tensor(float(e["row"].numel())),
-                        "dtreerpo/adv_abs": g(e["advantages"]).abs().mean()})
+                        "dtreerpo/edges": torch.tensor(float(e.row.numel())),
+                        "dtreerpo/adv_abs": g(e.advantages).abs().mean()})
         if self.cfg.distill:
-            sd, count = self_distillation(g(ctx.cache["dtreerpo/policy_logp"]), g(e["child"]), g(e["trained"]),
-                                          g(e["advantages"]), g(e["groups"]), tau)
+            assert e.policy_logp is not None, "the template scores the policy before the loss"
+            sd, count = self_distillation(g(e.policy_logp), g(e.child), g(e.trained),
+                                          g(e.advantages), g(e.groups), tau)
             loss = loss + lam * sd
             metrics.update({"dtreerpo/distill": sd.detach(), "dtreerpo/distill_pairs": count.float()})
         return loss, metrics

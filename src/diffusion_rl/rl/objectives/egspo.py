@@ -47,8 +47,9 @@ answer is empty). Cost per optimizer step is logged as ``cost/forwards_per_sampl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -114,6 +115,29 @@ def slice_slots(inner_iter: int, K: int, per_update: int) -> list[int]:
     return [(start + j) % K for j in range(per_update)]
 
 
+@dataclass
+class StepBatch:
+    """One inner update's slots of the selected steps and the model inputs of their (sample, step) rows."""
+
+    inner_iter: int
+    slots: list[int]  # the slots of ``Rollout.selected_steps`` this update trains
+    steps: torch.Tensor  # (N, K') their denoising steps, -1 = an unused slot
+    valid: torch.Tensor  # (N, K') the slots that hold a step
+    rows: torch.Tensor  # (n,) the flattened (sample, slot) rows that go through the model
+    run: Callable[[Forward], torch.Tensor]  # a policy forward -> (N, K') step log-probs (0 where not valid)
+
+
+@dataclass
+class EGSPOPlan:
+    """What EGSPO's inner updates of one rollout share."""
+
+    batch: StepBatch | None = None  # the latest inner update's slots
+    # the frozen policies' step log-probs, computed once per rollout: role ("old", "ref") -> slot -> (N,)
+    frozen: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
+    # rows run by the frozen policies: (role, inner iteration) -> rows (cost/old_forwards_per_sample)
+    forwards: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
 @OBJECTIVES.register("egspo")
 class EGSPO(Objective):
     config_class = EGSPOConfig
@@ -150,11 +174,14 @@ class EGSPO(Objective):
         }
 
     # ---- per inner update ---------------------------------------------------------------
-    def _batch(self, ctx: StepContext) -> dict[str, Any]:
-        """This inner update's slots and the model inputs of their (sample, step) rows, memoised."""
-        memo = ctx.cache.get("egspo/batch")
-        if memo is not None and memo["inner_iter"] == ctx.inner_iter:
-            return memo
+    def make_plan(self, ctx: StepContext) -> EGSPOPlan:
+        return EGSPOPlan()
+
+    def _batch(self, ctx: StepContext) -> StepBatch:
+        """This inner update's slots and the model inputs of their (sample, step) rows, kept in the plan."""
+        plan: EGSPOPlan = self.plan(ctx)
+        if plan.batch is not None and plan.batch.inner_iter == ctx.inner_iter:
+            return plan.batch
         c, ro = self.cfg, ctx.rollout
         traj, all_steps = ro.trajectory, ro.selected_steps
         assert traj is not None and all_steps is not None, "EGSPO needs the rollout's trajectory and selected steps"
@@ -178,34 +205,32 @@ class EGSPO(Objective):
             vals = stepwise_logps(forward, *args, reduce=c.reduce)  # (n,)
             return vals.new_zeros(N * Kp).index_copy(0, rows, vals).view(N, Kp)
 
-        memo = {"inner_iter": ctx.inner_iter, "slots": slots, "steps": steps, "valid": valid, "rows": rows,
-                "run": run}
-        ctx.cache["egspo/batch"] = memo
-        return memo
+        plan.batch = StepBatch(ctx.inner_iter, slots, steps, valid, rows, run)
+        return plan.batch
 
     def old_logp_like_policy(self) -> bool:
         return super().old_logp_like_policy() and self.cfg.old_logp == "recompute"
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         b = self._batch(ctx)
-        mask = b["valid"].float()
+        mask = b.valid.float()
         if role == "policy":
-            return LogpUnits(b["run"](forward), mask)
+            return LogpUnits(b.run(forward), mask)
         if role == "old" and self.cfg.old_logp == "recorded":
             return LogpUnits(self._recorded(ctx), mask)
         # frozen policies: each slot's values are computed once per rollout and kept
-        done: dict[int, torch.Tensor] = ctx.cache.setdefault(f"egspo/{role}", {})
-        if any(k not in done for k in b["slots"]):
-            vals = b["run"](forward)  # (N, K'); recomputing a cached slot is harmless (frozen policy)
-            cost = ctx.cache.setdefault("egspo/forwards", {})
-            cost[role, ctx.inner_iter] = cost.get((role, ctx.inner_iter), 0.0) + float(b["rows"].numel())
-            for j, k in enumerate(b["slots"]):
+        plan: EGSPOPlan = self.plan(ctx)
+        done = plan.frozen.setdefault(role, {})
+        if any(k not in done for k in b.slots):
+            vals = b.run(forward)  # (N, K'); recomputing a kept slot is harmless (frozen policy)
+            plan.forwards[role, ctx.inner_iter] = plan.forwards.get((role, ctx.inner_iter), 0.0) + float(b.rows.numel())
+            for j, k in enumerate(b.slots):
                 done.setdefault(k, vals[:, j])
-        return LogpUnits(torch.stack([done[k] for k in b["slots"]], 1), mask)
+        return LogpUnits(torch.stack([done[k] for k in b.slots], 1), mask)
 
     def _recorded(self, ctx: StepContext) -> torch.Tensor:
         """The sampler's own log pi(step s) of this update's slots, as it recorded them. (N, K')"""
-        traj, steps, slots = ctx.rollout.trajectory, ctx.rollout.selected_steps, self._batch(ctx)["slots"]
+        traj, steps, slots = ctx.rollout.trajectory, ctx.rollout.selected_steps, self._batch(ctx).slots
         assert traj is not None and steps is not None
         rec = traj.logps.gather(1, steps.clamp_min(0))
         if self.cfg.reduce == "mean":
@@ -228,22 +253,22 @@ class EGSPO(Objective):
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """The selected slots' advantages (N, K'): per step (stepwise) or the sequence's for each."""
-        adv, slots = ctx.rollout.advantages, self._batch(ctx)["slots"]
+        adv, slots = ctx.rollout.advantages, self._batch(ctx).slots
         return adv[:, slots] if adv.dim() == 2 else adv[:, None].expand(-1, len(slots))
 
     def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
         c, b, traj = self.cfg, self._batch(ctx), ctx.rollout.trajectory
         assert traj is not None
-        N, Kp = b["steps"].shape
-        valid = b["valid"].float()
-        cost = ctx.cache.get("egspo/forwards", {})
+        N, Kp = b.steps.shape
+        valid = b.valid.float()
+        cost = self.plan(ctx).forwards
         frozen = sum(cost.get((role, ctx.inner_iter), 0.0) for role in ("old", "ref")) / max(N, 1)
         gen = traj.num_steps / c.mu  # the rollout's T forwards, spread over its mu updates
-        trained = b["rows"].numel() / max(N, 1)
+        trained = b.rows.numel() / max(N, 1)
         return {
-            "egspo/slice_start": torch.tensor(float(b["slots"][0])),
+            "egspo/slice_start": torch.tensor(float(b.slots[0])),
             "egspo/slice_size": torch.tensor(float(Kp)),
-            "egspo/step_mean": masked_mean(b["steps"].float(), valid),
+            "egspo/step_mean": masked_mean(b.steps.float(), valid),
             "egspo/adv_abs_mean": masked_mean(self.unit_advantages(ctx).abs(), valid),
             "cost/gen_forwards_per_sample": torch.tensor(gen),
             "cost/old_forwards_per_sample": torch.tensor(frozen),

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -159,6 +159,22 @@ def mdpo_kl(logp: torch.Tensor, ref_logp: torch.Tensor, weight: torch.Tensor, ma
     return (k2.sum(-1) / (m.sum(-1).to(logp.dtype) + NORM_EPS)).sum(-1).mean()
 
 
+@dataclass
+class MDPOPlan:
+    """What MDPO's inner updates of one rollout share: the trained steps and their model inputs."""
+
+    steps: torch.Tensor  # (n, K) the trained denoising steps, -1 = an unused slot
+    valid: torch.Tensor  # (n, K) the slots that hold a step
+    adv: torch.Tensor  # (n, K) each trained step's advantage (0 where not valid)
+    states: torch.Tensor  # (n*K, P+L) the canvas before each step
+    attn: torch.Tensor | None  # (n*K, P+L) attention mask, None without padding
+    pred: torch.Tensor  # (n*K, L) the sampler's one-step prediction at each step
+    trained: torch.Tensor  # (n*K, L) the positions still masked at the step (those the reward reads)
+    conf: torch.Tensor  # (n, K, L) the rollout's confidences at the trained positions, 0 elsewhere
+    rows: torch.Tensor  # (r,) the (sample, step) rows with a trained position
+    tau: float  # the sampler's temperature
+
+
 @OBJECTIVES.register("mdpo")
 class MDPO(Objective):
     config_class = MDPOConfig
@@ -197,12 +213,9 @@ class MDPO(Objective):
         return steps, {"mdpo/steps": float(T)}
 
     # ---- per rollout --------------------------------------------------------------------
-    def _plan(self, ctx: StepContext) -> dict[str, Any]:
-        """The trained steps of every sample and the model inputs of their (sample, step) rows; memoised
-        per rollout (every inner update trains the same ones)."""
-        plan = ctx.cache.get("mdpo/plan")
-        if plan is not None:
-            return plan
+    def make_plan(self, ctx: StepContext) -> MDPOPlan:
+        """The trained steps of every sample and the model inputs of their (sample, step) rows, once per
+        rollout (every inner update trains the same ones)."""
         ro = ctx.rollout
         traj, candidates = ro.trajectory, ro.selected_steps
         assert traj is not None and candidates is not None, "MDPO needs the rollout's trajectory and its steps"
@@ -224,24 +237,20 @@ class MDPO(Objective):
         attn = None
         if not bool(ro.prompt_mask.all()):  # as the sampler: an attention mask only with padding
             attn = torch.cat([ro.prompt_mask.long(), torch.ones_like(ro.completion_ids)], 1).repeat_interleave(K, 0)
-        plan = {
-            "steps": steps, "valid": valid, "adv": torch.where(valid, adv.gather(1, slot.clamp_min(0)), 0.0),
-            "states": states, "attn": attn, "pred": pred[:, P:], "trained": trained,
-            "conf": torch.where(trained, conf[:, P:], 0.0).view(n, K, L), "rows": rows, "tau": traj.temperature,
-        }
-        ctx.cache["mdpo/plan"] = plan
-        return plan
+        return MDPOPlan(steps, valid, torch.where(valid, adv.gather(1, slot.clamp_min(0)), 0.0), states, attn,
+                        pred[:, P:], trained, torch.where(trained, conf[:, P:], 0.0).view(n, K, L), rows,
+                        traj.temperature)
 
-    def _logps(self, forward: Forward, plan: dict[str, Any]) -> torch.Tensor:
+    def _logps(self, forward: Forward, plan: MDPOPlan) -> torch.Tensor:
         """``log softmax(f(x_t) / (tau + eps))[xtil_t]`` at every trained position, 0 elsewhere. -> (n, K, L)"""
-        n, K = plan["steps"].shape
-        rows, trained = plan["rows"], plan["trained"]
+        n, K = plan.steps.shape
+        rows, trained = plan.rows, plan.trained
         L = trained.shape[1]
-        states = plan["states"][rows]  # (r, P+L)
+        states = plan.states[rows]  # (r, P+L)
         P = states.shape[1] - L
-        attn = None if plan["attn"] is None else plan["attn"][rows]
+        attn = None if plan.attn is None else plan.attn[rows]
         logits = logits_at(forward, states, slice(P, P + L), attn=attn).float()  # (r, L, V)
-        logp = token_logps(logits / (plan["tau"] + torch.finfo(logits.dtype).eps), plan["pred"][rows])  # (r, L)
+        logp = token_logps(logits / (plan.tau + torch.finfo(logits.dtype).eps), plan.pred[rows])  # (r, L)
         logp = torch.where(trained[rows], logp, torch.zeros_like(logp))
         return logp.new_zeros(n * K, L).index_copy(0, rows, logp).view(n, K, L)
 
@@ -249,11 +258,11 @@ class MDPO(Objective):
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         """The units of every trained (sample, step, position); the KL's weights are the rollout
         confidences (:meth:`kl_term` reads them as ``kl_mask``)."""
-        plan = self._plan(ctx)
-        n, K = plan["steps"].shape
+        plan = self.plan(ctx)
+        n, K = plan.steps.shape
         logp = self._logps(forward, plan)
-        mask = plan["trained"].view(n, K, -1).to(logp.dtype)
-        return LogpUnits(logp, mask, kl_logp=logp, kl_mask=plan["conf"])
+        mask = plan.trained.view(n, K, -1).to(logp.dtype)
+        return LogpUnits(logp, mask, kl_logp=logp, kl_mask=plan.conf)
 
     def kl_term(self, policy: LogpUnits, ref: LogpUnits, gather: Callable[[torch.Tensor], torch.Tensor],
                 group_size: int) -> torch.Tensor:
@@ -262,24 +271,24 @@ class MDPO(Objective):
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """``A_t c_ti`` per unit. (n, K, L)"""
-        plan = self._plan(ctx)
-        return plan["adv"][..., None] * plan["conf"]
+        plan = self.plan(ctx)
+        return plan.adv[..., None] * plan.conf
 
     def sampler_units(self, ctx: StepContext) -> torch.Tensor:
         """The sampler's own ``log c`` of each trained unit: its temperature-``tau`` log-probability of the
         predicted token, from the logits it drew it with. (n, K, L), 0 where not trained"""
-        conf = self._plan(ctx)["conf"]
+        conf = self.plan(ctx).conf
         return torch.where(conf > 0, conf.clamp_min(torch.finfo(conf.dtype).tiny).log(), 0.0)
 
     def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
-        plan = self._plan(ctx)
-        n, K = plan["steps"].shape
-        valid = plan["valid"].float()
-        trained = plan["trained"].view(n, K, -1).float()
+        plan = self.plan(ctx)
+        n, K = plan.steps.shape
+        valid = plan.valid.float()
+        trained = plan.trained.view(n, K, -1).float()
         return {
-            "mdpo/selected_step_mean": masked_mean(plan["steps"].float(), valid),
-            "mdpo/adv_abs_selected": masked_mean(plan["adv"].abs(), valid),
+            "mdpo/selected_step_mean": masked_mean(plan.steps.float(), valid),
+            "mdpo/adv_abs_selected": masked_mean(plan.adv.abs(), valid),
             "mdpo/adv_abs_mean": ctx.rollout.advantages.abs().mean(),
-            "mdpo/confidence_mean": masked_mean(plan["conf"], trained),
-            "cost/train_forwards_per_sample": torch.tensor(plan["rows"].numel() / max(n, 1)),
+            "mdpo/confidence_mean": masked_mean(plan.conf, trained),
+            "cost/train_forwards_per_sample": torch.tensor(plan.rows.numel() / max(n, 1)),
         }

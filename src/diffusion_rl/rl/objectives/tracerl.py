@@ -73,7 +73,7 @@ Deviations, each with its reason (the loss itself is transcribed: ``tests/unit/r
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -185,6 +185,32 @@ def tracerl_loss(
     return loss, metrics
 
 
+@dataclass
+class RoundBatch:
+    """One inner update's rows: a (sample, round) pair each, padded to the same count on every process."""
+
+    inner_iter: int
+    sample: torch.Tensor  # (m,) the sample of each row
+    round: torch.Tensor  # (m,) its decoding round
+    masked: torch.Tensor  # (m, L) the positions still masked at that round (the row's input)
+    trained: torch.Tensor  # (m, L) the positions decoded in that round that the loss counts
+    select: torch.Tensor  # (m, L) where the head computes log-probs
+    real: int  # rows before padding (0: one empty row keeps the loss on the graph)
+    rows: int  # the largest row count over the processes
+
+
+@dataclass
+class TraceRLPlan:
+    """What TraceRL's inner updates of one rollout share."""
+
+    rounds: torch.Tensor  # (n, L) the decoding round of every completion position
+    kept: torch.Tensor  # (n,) the samples the pass-rate filter keeps
+    sample: torch.Tensor  # (m,) every (sample, round) row of the rollout: its sample
+    round: torch.Tensor  # (m,) and its round
+    update: torch.Tensor  # (m,) the inner update that trains each row
+    batch: RoundBatch | None = None  # the latest inner update's rows
+
+
 @OBJECTIVES.register("tracerl")
 class TraceRL(Objective):
     config_class = TraceRLConfig
@@ -240,20 +266,14 @@ class TraceRL(Objective):
         n = ro.completion_ids.shape[0]
         return keep[ro.shard.offset:ro.shard.offset + n].to(ro.completion_ids.device)
 
-    def _plan(self, ctx: StepContext) -> dict[str, Any]:
-        """Rounds (n, L), kept samples and the rows of every inner update; memoised per rollout."""
-        plan = ctx.cache.get("tracerl/plan")
-        if plan is not None:
-            return plan
+    def make_plan(self, ctx: StepContext) -> TraceRLPlan:
+        """Rounds (n, L), kept samples and the rows of every inner update of this rollout."""
         ro = ctx.rollout
         assert ro.trajectory is not None, "objective=tracerl needs the rollout's trajectory"
         rounds = self._rounds(ro.trajectory, ro.completion_ids.shape[1]).to(ro.completion_ids.device)
         kept = self.kept_samples(ctx)
         sample, rnd = round_rows(rounds, ro.scored_mask.bool() & kept[:, None])  # (m,) each
-        plan = {"rounds": rounds, "kept": kept, "sample": sample, "round": rnd,
-                "update": self._update_of_rows(ctx, sample)}
-        ctx.cache["tracerl/plan"] = plan
-        return plan
+        return TraceRLPlan(rounds, kept, sample, rnd, self._update_of_rows(ctx, sample))
 
     def _update_of_rows(self, ctx: StepContext, sample: torch.Tensor) -> torch.Tensor:
         """(m,) the inner update of each local row: the global row list (every process's rows in sample
@@ -268,15 +288,15 @@ class TraceRL(Objective):
                                     - (counts.cumsum(0) - counts)[sample])  # (m,) global row index
         return position * mu // every.sum().clamp_min(1)
 
-    def _batch(self, ctx: StepContext) -> dict[str, Any]:
-        """This inner update's rows, padded to the same count on every process; memoised."""
-        memo = ctx.cache.get("tracerl/batch")
-        if memo is not None and memo["inner_iter"] == ctx.inner_iter:
-            return memo
-        plan, ro = self._plan(ctx), ctx.rollout
-        idx = (plan["update"] == ctx.inner_iter % self.cfg.mu).nonzero()[:, 0]
-        sample, rnd = plan["sample"][idx], plan["round"][idx]  # (m,)
-        masked, decoded = row_masks(plan["rounds"], sample, rnd)  # (m, L)
+    def _batch(self, ctx: StepContext) -> RoundBatch:
+        """This inner update's rows, padded to the same count on every process; kept in the plan."""
+        plan: TraceRLPlan = self.plan(ctx)
+        if plan.batch is not None and plan.batch.inner_iter == ctx.inner_iter:
+            return plan.batch
+        ro = ctx.rollout
+        idx = (plan.update == ctx.inner_iter % self.cfg.mu).nonzero()[:, 0]
+        sample, rnd = plan.sample[idx], plan.round[idx]  # (m,)
+        masked, decoded = row_masks(plan.rounds, sample, rnd)  # (m, L)
         trained = decoded & ro.scored_mask.bool()[sample]
         m, M = sample.numel(), self._global_rows(ctx, sample.numel())
         select = trained
@@ -286,10 +306,8 @@ class TraceRL(Objective):
             trained = torch.zeros_like(masked)
             select = torch.zeros_like(masked)
             select[:, 0] = True
-        memo = {"inner_iter": ctx.inner_iter, "sample": sample, "round": rnd, "masked": masked,
-                "trained": trained, "select": select, "real": m, "rows": M}
-        ctx.cache["tracerl/batch"] = memo
-        return memo
+        plan.batch = RoundBatch(ctx.inner_iter, sample, rnd, masked, trained, select, m, M)
+        return plan.batch
 
     @staticmethod
     def _global_rows(ctx: StepContext, m: int) -> int:
@@ -309,18 +327,18 @@ class TraceRL(Objective):
     # ---- per inner update ---------------------------------------------------------------
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         b, ro = self._batch(ctx), ctx.rollout
-        s = b["sample"]
-        args = (forward, ro.prompt_ids[s], ro.prompt_mask[s], ro.completion_ids[s], b["masked"], b["select"],
+        s = b.sample
+        args = (forward, ro.prompt_ids[s], ro.prompt_mask[s], ro.completion_ids[s], b.masked, b.select,
                 self.likelihood.mask_id)
         logp = block_logps(*args, self.block_size) if self.block_size else masked_logps(*args)  # (m, L)
-        mask = b["trained"].to(logp.dtype)
-        return LogpUnits(self._pad(logp, b["rows"]), self._pad(mask, b["rows"]))
+        mask = b.trained.to(logp.dtype)
+        return LogpUnits(self._pad(logp, b.rows), self._pad(mask, b.rows))
 
     def unit_advantages(self, ctx: StepContext) -> torch.Tensor:
         """Each row's sample's advantage: (M, 1), or (M, L) with per-token advantages."""
         b = self._batch(ctx)
-        adv = ctx.rollout.advantages[b["sample"]]
-        return self._pad(adv[:, None] if adv.dim() == 1 else adv, b["rows"])
+        adv = ctx.rollout.advantages[b.sample]
+        return self._pad(adv[:, None] if adv.dim() == 1 else adv, b.rows)
 
     def sampler_units(self, ctx: StepContext) -> torch.Tensor | None:
         """The sampler's log-prob of each trained token, from the logits it committed it with: the old
@@ -328,14 +346,14 @@ class TraceRL(Objective):
         ro, b = ctx.rollout, self._batch(ctx)
         if ro.sampler_logp is None or self.cfg.shrink > 1:
             return None
-        q = ro.sampler_logp[b["sample"]] * b["trained"].to(ro.sampler_logp.dtype)  # (m, L)
-        return self._pad(q, b["rows"])
+        q = ro.sampler_logp[b.sample] * b.trained.to(ro.sampler_logp.dtype)  # (m, L)
+        return self._pad(q, b.rows)
 
     def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
-        plan, b, ro = self._plan(ctx), self._batch(ctx), ctx.rollout
+        plan, b, ro = self.plan(ctx), self._batch(ctx), ctx.rollout
         n = max(ro.completion_ids.shape[0], 1)
         return {
-            "tracerl/kept_frac": plan["kept"].float().mean(),
-            "tracerl/rows_per_sample": torch.tensor(plan["sample"].numel() / n),
-            "cost/train_forwards_per_sample": torch.tensor(b["real"] / n),
+            "tracerl/kept_frac": plan.kept.float().mean(),
+            "tracerl/rows_per_sample": torch.tensor(plan.sample.numel() / n),
+            "cost/train_forwards_per_sample": torch.tensor(b.real / n),
         }
