@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = [
     "objective=grpo", "task=sudoku", "trainer.max_steps=2", "trainer.enable_progress_bar=false",
-    "trainer.checkpoint_every_n_steps=0", "warmstart.steps=2", "warmstart.reuse=false",
+    "trainer.checkpoint_every_n_steps=0", "warmstart.steps=2",
     "eval.before=false", "eval.after=false", "eval.every_n_steps=0",
 ]
 
@@ -90,7 +90,9 @@ def child(out: Path, extra: list[str]) -> None:
     package_dir = str(Path(diffusion_rl.__file__).resolve().parent) + "/"
     register_configs()
     with initialize_config_dir(config_dir=str(Path.cwd() / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=OVERRIDES + extra)
+        # a fresh cache folder: the warm start is trained, never reused (overrides every revision takes)
+        fresh = [f"paths.cache_dir={tempfile.mkdtemp(prefix='step_walk_cache_')}"]
+        cfg = compose(config_name="config", overrides=OVERRIDES + fresh + extra)
     walk = Walk(package_dir)
     run_dir = Path(tempfile.mkdtemp(prefix="step_walk_"))
     sys.setprofile(walk)
