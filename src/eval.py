@@ -42,7 +42,7 @@ def main(cfg: DictConfig) -> float | None:
     print((Path(out_dir) / "eval_summary.md").read_text())
     print(json.dumps({k: v for k, v in summary.items() if k not in ("by_length", "metric_definitions")}, indent=2))
     print(f"written to {out_dir}")
-    first = next(iter(summary["by_length"].values()), {})
+    first: dict = next(iter(summary["by_length"].values()), {})
     return next(iter(first.values()), None)
 
 

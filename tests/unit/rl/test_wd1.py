@@ -230,6 +230,18 @@ def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
     assert module.old_policy is None
 
 
+def test_the_kl_anchor_leaves_out_pinned_tokens(tmp_path):
+    """Sudoku's givens are pinned: shown to the model, never its decisions, so neither the weighted
+    likelihood nor the KL anchor reads their log-probs (the model's outputs at visible positions)."""
+    c = build(compose_cfg(["objective=wd1"], tmp_path))
+    ro = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=1)(c.task.splits.train[:2], c.bundle.net, 0)
+    assert ro.pinned is not None and bool(ro.pinned.any())
+    f = logits_fn(c.bundle.net)
+    s = c.objective.logp_units(StepContext(ro, 0, 3, f, f, None), f, "policy")
+    assert not bool(s.mask.bool()[ro.pinned].any()) and not bool(s.kl_mask.bool()[ro.pinned].any())
+    assert torch.equal(s.kl_mask.bool(), ro.completion_mask.bool() & ~ro.pinned)
+
+
 # ---------------------------------------------------------------- configs
 
 

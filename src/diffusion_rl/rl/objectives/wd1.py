@@ -40,7 +40,7 @@ Deviations from the public code:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -123,6 +123,6 @@ class WD1(Objective):
         return self.cfg.ratio_diagnostic
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
-        # the weighted likelihood sums the tokens the reward reads; the KL anchor covers the whole
-        # completion, pinned tokens included (GRPO's leaves them out)
-        return replace(self.token_logp(ctx, forward, role), kl_mask=ctx.rollout.completion_mask)
+        # the weighted likelihood sums the tokens the reward reads; the KL anchor covers the completion
+        # but a task's pinned tokens, which are shown to the model, so their log-probs mean nothing
+        return self.token_logp(ctx, forward, role)
