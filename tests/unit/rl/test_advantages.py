@@ -74,6 +74,20 @@ def test_configs_validate_and_registry_names():
         AdvantageConfig(eps=0).validate()
 
 
+@pytest.mark.parametrize("likelihood,ok", [("one_step", True), ("complementary", True), ("stratified", True),
+                                           ("elbo", False), ("spg_blocks", False)])
+def test_per_cell_credit_takes_any_per_token_likelihood_and_the_refusal_names_them(tmp_path, likelihood, ok):
+    from diffusion_rl.app.train import build
+    from tests.helpers.common import compose_cfg
+
+    cfg = compose_cfg(["objective=grpo", "advantage=per_token", f"likelihood={likelihood}"], tmp_path)
+    if ok:
+        assert build(cfg).objective.likelihood.per_token
+    else:
+        with pytest.raises(ConfigError, match=r"likelihood=complementary \| one_step \| stratified$"):
+            build(cfg)
+
+
 @pytest.mark.parametrize("objective,advantage,ok", [
     ("grpo", "loo", True), ("grpo", "stepwise", False), ("stabledrl", "group", True), ("grpo", "per_token", True),
     ("stabledrl", "per_token", False), ("egspo", "per_token", False),

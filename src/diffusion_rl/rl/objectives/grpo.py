@@ -31,6 +31,7 @@ from typing import ClassVar
 import torch
 
 from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.rl.objectives.base import (
     AGG_MODES,
     OBJECTIVES,
@@ -113,7 +114,8 @@ class GRPO(Objective):
     def check_advantage(self, name: str) -> None:
         super().check_advantage(name)
         if name == "per_token" and not self.likelihood.per_token:
-            raise ConfigError("advantage.name", name, "needs a per-token likelihood (likelihood=one_step)")
+            per_token = [n for n in LIKELIHOODS.names() if LIKELIHOODS.get(n).per_token]
+            raise ConfigError("advantage.name", name, f"needs a per-token likelihood: likelihood={' | '.join(per_token)}")
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         # the policy gradient acts on the tokens the reward reads; the KL anchor on kl_tokens
