@@ -148,7 +148,7 @@ def test_noise_grid_composes_every_arm_in_the_papers_elbo_regime(tmp_path):
     assert eps == {"grpo_elbo": 5.0, "clip_only": 5.0, "selfnorm_only": 5.0, "stabledrl": 5.0, "stabledrl_eps1000": 1000.0}
 
 
-def test_target_experiment_is_the_default_job_with_per_cell_credit_a_longer_warm_start_and_twice_the_steps(tmp_path):
+def test_target_experiment_is_the_default_job_with_per_cell_credit_a_longer_warm_start_and_more_steps(tmp_path):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         full = compose(config_name="config", overrides=["experiment=sudoku_target"], return_hydra_config=True)
     assert len(full.hydra.sweeper.params["seed"].split(",")) >= 5 and full.hydra.launcher.n_jobs == 2
@@ -156,6 +156,6 @@ def test_target_experiment_is_the_default_job_with_per_cell_credit_a_longer_warm
     default = build(compose_cfg(["objective=grpo", "task=sudoku"], tmp_path / "default", tiny=False))
     assert c.advantage.cfg.name == "per_token" and c.run.warmstart.steps == 200
     assert (default.advantage.cfg.name, default.run.warmstart.steps) != ("per_token", 200)
-    assert c.trainer.max_steps == 400 == 2 * default.trainer.max_steps
+    assert c.trainer.max_steps == 500 > default.trainer.max_steps
     # otherwise the default job: GRPO with the testbed's one update per rollout, its lr and sampler
     assert (c.objective.cfg, c.sampler, c.optim) == (default.objective.cfg, default.sampler, default.optim)
