@@ -153,6 +153,9 @@ def test_a_slow_correct_reference_passes_under_load_where_a_global_limit_fails_i
     try:
         with cpu_burners(2):
             (ref_s,) = per_task.references.seconds([program_of(item["reference"], item)])
+            if ref_s < 1.5:  # the sandbox ran it faster than this process's calibration (1.46 s once): once more,
+                item = slow_item(2.5 * 2.5 / max(ref_s, 0.1))  # scaled by the sandbox's own measure
+                (ref_s,) = per_task.references.seconds([program_of(item["reference"], item)])
             (ok,) = per_task.results([item["code"]], [item])
             (cut,) = one_limit.results([item["code"]], [item])
             reward = per_task.correct([""], [item["code"]], **{k: [v] for k, v in item.items()})
