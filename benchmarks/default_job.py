@@ -15,7 +15,9 @@ shared cache folder, filled by a 1-step run of each tree), so neither pays the w
   evaluations before, during and after RL) and the held-out cell accuracy after RL.
 
 Prints each run and the ratio of the means (baseline / this tree: above 1 = this tree is faster).
-Extra Hydra overrides for both trees follow ``--`` (e.g. ``-- objective=stabledrl``). Timing needs an
+Extra Hydra overrides for both trees follow ``--`` (e.g. ``-- objective=stabledrl``); against a revision
+from before the default GRPO job took per-cell credit and a 200-step warm start on Sudoku
+(``conf/testbed/tiny_grpo.yaml``), ``-- advantage=per_token warmstart.steps=200`` runs both trees alike. Timing needs an
 otherwise idle machine; ``--threads`` sets the torch threads of both (default: torch's own).
 """
 

@@ -19,9 +19,10 @@ register_configs()  # the dataclass defaults the yaml files start from; at impor
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from diffusion_rl.app.cli import hydra_job
+    from diffusion_rl.app.cli import hydra_job, with_testbed_choices
     from diffusion_rl.app.train import format_summary, train
 
+    cfg = with_testbed_choices(cfg, CONF)
     summary = hydra_job(lambda run_dir: train(cfg, run_dir))
     if summary is None:  # a failed multirun job (failed.json in its folder)
         return float("nan")

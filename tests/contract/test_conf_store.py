@@ -88,11 +88,11 @@ def test_base_option_is_the_dataclass_built_with_no_arguments(tmp_path, group, o
 
 def test_root_keys_are_run_config_and_eval_config(tmp_path):
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    cfg = OmegaConf.to_container(compose_cfg([], tmp_path, tiny=False), resolve=True)
+    cfg = OmegaConf.to_container(compose_cfg(["~testbed"], tmp_path, tiny=False), resolve=True)  # the overlays: below
     assert {k: cfg[k] for k in names} == defaults_of(RunConfig) | {"paths": {"cache_dir": str(tmp_path / "cache"),
                                                                             "warmstart_dir": str(tmp_path / "cache" / "warmstart")}}
     names = {f.name for f in dataclasses.fields(EvalRunConfig)}
-    cfg = OmegaConf.to_container(compose_cfg([], tmp_path, tiny=False, config_name="eval"), resolve=True)
+    cfg = OmegaConf.to_container(compose_cfg(["~testbed"], tmp_path, tiny=False, config_name="eval"), resolve=True)
     want = defaults_of(EvalRunConfig) | {"paths": {"cache_dir": str(tmp_path / "cache"),
                                                    "warmstart_dir": str(tmp_path / "cache" / "warmstart")}}
     assert {k: cfg[k] for k in names} == want  # eval.batch_size follows task.eval_batch_size: 256 for Sudoku
@@ -141,6 +141,21 @@ def test_overlay_changes_what_it_sets_and_builds(tmp_path, group, option):
     flat_without = {k.rstrip("."): v for k, v in leaves(without).items()}
     for key, value in leaves(raw(group, option)).items():
         key = key.rstrip(".")
+        if key.startswith("testbed_choices."):  # group choices on one task, taken by the app: checked apart
+            check_task_choices(tmp_path, choices, key.split(".", 1)[1], value)
+            continue
         assert key in flat_without, f"conf/{group}/{option}.yaml sets {key}, which the config does not have"
         assert OmegaConf.select(with_it, key) == value, f"{key}: the overlay's value does not reach the config"
         assert flat_without[key] != value, f"conf/{group}/{option}.yaml restates {key}={value}: delete it"
+
+
+def check_task_choices(tmp_path, choices: list[str], task: str, items: list[str]) -> None:
+    """Each ``group=option`` of a testbed's ``testbed_choices.<task>`` reaches the config composed for that
+    task, and changes it."""
+    on_task = compose_cfg([*choices, f"task={task}"], tmp_path, tiny=False)
+    for item in items:
+        group, option = item.split("=")
+        chosen = compose_cfg([*choices, f"task={task}", item], tmp_path, tiny=False)
+        assert on_task[group] == chosen[group], f"testbed_choices.{task}: {item} does not reach the config"
+        without = compose_cfg([*choices, f"task={task}", "~testbed"], tmp_path, tiny=False)
+        assert without[group] != chosen[group], f"testbed_choices.{task}: {item} restates the choice: delete it"

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from diffusion_rl.app.sweep import run_job
 from diffusion_rl.app.train import build
@@ -148,14 +149,29 @@ def test_noise_grid_composes_every_arm_in_the_papers_elbo_regime(tmp_path):
     assert eps == {"grpo_elbo": 5.0, "clip_only": 5.0, "selfnorm_only": 5.0, "stabledrl": 5.0, "stabledrl_eps1000": 1000.0}
 
 
-def test_target_experiment_is_the_default_job_with_per_cell_credit_a_longer_warm_start_and_more_steps(tmp_path):
+def test_target_experiment_is_the_default_job_over_five_seeds(tmp_path):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         full = compose(config_name="config", overrides=["experiment=sudoku_target"], return_hydra_config=True)
     assert len(full.hydra.sweeper.params["seed"].split(",")) >= 5 and full.hydra.launcher.n_jobs == 2
     c = build(compose_cfg(["experiment=sudoku_target"], tmp_path, tiny=False))
     default = build(compose_cfg(["objective=grpo", "task=sudoku"], tmp_path / "default", tiny=False))
-    assert c.advantage.cfg.name == "per_token" and c.run.warmstart.steps == 200
-    assert (default.advantage.cfg.name, default.run.warmstart.steps) != ("per_token", 200)
-    assert c.trainer.max_steps == 500 > default.trainer.max_steps
-    # otherwise the default job: GRPO with the testbed's one update per rollout, its lr and sampler
-    assert (c.objective.cfg, c.sampler, c.optim) == (default.objective.cfg, default.sampler, default.optim)
+    assert c.advantage.cfg.name == "per_token" and c.run.warmstart.steps == 200 and c.trainer.max_steps == 500
+    # the default job, but for how the jobs share the machine
+    assert (c.objective.cfg, c.advantage.cfg, c.sampler, c.optim, c.run.warmstart, c.trainer.max_steps) == (
+        default.objective.cfg, default.advantage.cfg, default.sampler, default.optim, default.run.warmstart,
+        default.trainer.max_steps)
+    assert (c.trainer.threads, default.trainer.threads) == (1, 0)
+
+@pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/joblib' is validated against ConfigStore schema")
+def test_each_job_of_a_sweep_runs_its_own_testbeds_choices(tmp_path):
+    """In the app, under the joblib launcher: GRPO's job on Sudoku composes again with the testbed's
+    per-cell credit, StableDRL's keeps its own advantage, and each job's .hydra/config.yaml says so."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    out = _multirun(tmp_path, ["hydra/launcher=joblib", "objective=grpo,stabledrl", "trainer.max_steps=1"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    for job, objective, advantage in (("0", "grpo", "per_token"), ("1", "stabledrl", "group")):
+        folder = tmp_path / "sweep" / job
+        cfg = OmegaConf.load(folder / ".hydra" / "config.yaml")
+        assert (cfg.objective.name, cfg.advantage.name) == (objective, advantage)
+        assert json.loads((folder / "summary.json").read_text())["optimizer_steps"] == 1
+    assert "testbed on sudoku: advantage=per_token" in (tmp_path / "sweep" / "0" / "train.log").read_text()

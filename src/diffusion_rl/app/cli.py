@@ -18,9 +18,12 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from diffusion_rl.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 T = TypeVar("T")
 # libraries that log through handlers of their own, bypassing Hydra's console and file handlers
@@ -94,6 +97,25 @@ def hydra_job(fn: Callable[[Path], T]) -> T | None:
     run_dir = Path(hc.runtime.output_dir)
     with exit_on_config_error():  # in a multirun a failed job writes failed.json and the sweep goes on
         return run_job(lambda: fn(run_dir), run_dir, hc.mode == RunMode.MULTIRUN)
+
+
+def with_testbed_choices(cfg: DictConfig, conf_dir: Path) -> DictConfig:
+    """Inside ``main``: ``cfg`` with the testbed's group choices for its task (:mod:`diffusion_rl.app.testbed`);
+    the run's ``.hydra/config.yaml`` then holds the config the job runs."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from diffusion_rl.app.testbed import compose_with_testbed
+    from diffusion_rl.app.train import build
+
+    hc = HydraConfig.get()
+    with exit_on_config_error():
+        out = compose_with_testbed(cfg, list(hc.overrides.task), hc.runtime.choices, conf_dir,
+                                   hc.job.config_name or "config", check=lambda c: build(c, meta=True))
+    saved = Path(hc.runtime.output_dir) / str(hc.output_subdir) / "config.yaml"
+    if out is not cfg and hc.output_subdir is not None and saved.is_file():
+        OmegaConf.save(out, saved)
+    return out
 
 
 @contextmanager

@@ -127,6 +127,9 @@ class RunConfig:
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # a testbed's config-group choices by task, e.g. {sudoku: [advantage=per_token]}: applied by the app
+    # where the command line and the experiment leave the group alone (diffusion_rl/app/testbed.py)
+    testbed_choices: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.old_policy == "cached":
