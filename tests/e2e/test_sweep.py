@@ -162,6 +162,7 @@ def test_target_experiment_is_the_default_job_over_five_seeds(tmp_path):
         default.trainer.max_steps)
     assert (c.trainer.threads, default.trainer.threads) == (1, 0)
 
+
 @pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/joblib' is validated against ConfigStore schema")
 def test_each_job_of_a_sweep_runs_its_own_testbeds_choices(tmp_path):
     """In the app, under the joblib launcher: GRPO's job on Sudoku composes again with the testbed's

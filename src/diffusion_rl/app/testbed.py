@@ -26,16 +26,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from diffusion_rl.core.config import override_key
 from diffusion_rl.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-
-def override_key(override: str) -> str:
-    """``model.d_model`` from ``model.d_model=32``, ``advantage`` from ``+advantage=loo`` or ``~advantage``,
-    ``advantage`` from ``override /advantage@_global_.advantage`` (a defaults-list key)."""
-    key = override.lstrip("+~").split("=", 1)[0].removeprefix("override ").strip().lstrip("/")
-    return key.split("@", 1)[0]
 
 
 # the groups a testbed and a recipe are chosen by: the choices their own configs make are what the
@@ -48,7 +42,7 @@ def groups_chosen(overrides: Sequence[str], choices: Mapping[str, Any], conf_dir
     select (an ``experiment``, an ``ablation``: the groups its defaults list names, followed into the
     group configs it selects), except the configs of :data:`KEYED_BY`. ``choices``: Hydra's final group
     choices (``experiment`` among them)."""
-    named = {override_key(o) for o in overrides if "." not in override_key(o)}
+    named = {k for k in map(override_key, overrides) if "." not in k}
     chosen = set(named)
     todo = [(g, choices.get(g)) for g in (named | {"experiment"}) - set(KEYED_BY)]
     seen: set[tuple[str, str]] = set()
@@ -71,8 +65,7 @@ def groups_chosen(overrides: Sequence[str], choices: Mapping[str, Any], conf_dir
 
 def task_choices(cfg: DictConfig, task: str, chosen: Iterable[str], conf_dir: Path) -> list[str]:
     """The testbed's ``group=option`` overrides for ``task`` that apply: those for a group not in
-    ``chosen`` (see :func:`groups_chosen`) and not already the composed choice; each checked to name a
-    config group and one of its options."""
+    ``chosen`` (see :func:`groups_chosen`); each checked to name a config group and one of its options."""
     table = cfg.get("testbed_choices") or {}
     wanted = OmegaConf.to_container(table[task]) if task in table else []  # type: ignore[index]
     out, chosen = [], set(chosen)
@@ -113,10 +106,11 @@ def compose_with_testbed(cfg: DictConfig, overrides: Sequence[str], choices: Map
             try:
                 check(cfg)
             except ConfigError:
-                return out  # wrong without the choices too: the run reports its own error
-            log.info("%s left out: %s", where, refused)
-            return cfg
+                pass  # wrong without the choices too: the run reports its own error
+            else:
+                log.info("%s left out: %s", where, refused)
+                return cfg
         except Exception:  # noqa: BLE001 - not a config error (a missing data file, ...): the run reports it
-            return out
+            pass
     log.info("%s; the command line or experiment= chooses otherwise", where)
     return out

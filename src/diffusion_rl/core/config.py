@@ -112,6 +112,13 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def override_key(override: str) -> str:
+    """The key an override or a defaults-list entry sets: ``model.d_model`` from ``model.d_model=32``,
+    ``advantage`` from ``+advantage=loo``, ``~advantage`` or ``override /advantage@_global_.advantage``."""
+    key = override.lstrip("+~").split("=", 1)[0].removeprefix("override ").strip().lstrip("/")
+    return key.split("@", 1)[0]
+
+
 def check_group_choices(argv: list[str], conf_dir: Path) -> None:
     """Fail in one line on ``group=name`` overrides naming a config that does not exist."""
     for arg in argv:

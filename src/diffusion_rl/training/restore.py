@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from diffusion_rl.core.config import from_dict
+from diffusion_rl.core.config import from_dict, override_key
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import base_identity
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
@@ -60,19 +59,11 @@ def find_checkpoint(value: str) -> str:
     return str(newest)
 
 
-def _override_key(override: str) -> tuple[str, str]:
-    """``("model.d_model", "=")`` from ``model.d_model=32``; ``("model", "=")`` from ``model=tiny``;
-    the operator is ``"~"`` for a deletion."""
-    op = "~" if override.startswith("~") else "="
-    key = re.split(r"[=]", override.lstrip("+~"), maxsplit=1)[0]
-    return key.removeprefix("override ").strip(), op
-
-
 def config_from_checkpoint(cfg: DictConfig, stored: dict[str, Any], overrides: list[str]) -> DictConfig:
     """``cfg`` with :data:`GROUPS` taken from the checkpoint's config ``stored``, unless the user
     chose the group (``task=gsm8k``); the user's ``group.key=value`` overrides go on top."""
     merged: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
-    keys = [_override_key(o) for o in overrides]
+    keys = [(override_key(o), "~" if o.startswith("~") else "=") for o in overrides]  # (key, operator)
     for group in GROUPS:
         if group not in stored or any(k == group for k, _ in keys):
             continue

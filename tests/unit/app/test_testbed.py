@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from diffusion_rl.app.testbed import groups_chosen, override_key, task_choices
+from diffusion_rl.app.testbed import groups_chosen, task_choices
+from diffusion_rl.core.config import override_key
 from diffusion_rl.core.errors import ConfigError
-from tests.helpers.common import compose_cfg
+from tests.helpers.common import CONF, compose_cfg
 
 
 def _credit(tmp_path, *overrides):
@@ -57,19 +58,13 @@ def test_a_testbed_choice_that_is_no_group_choice_fails_in_one_line(tmp_path):
     cfg = compose_cfg([], tmp_path, tiny=False)
     cfg.testbed_choices = {"sudoku": ["advantage.eps=0.1"]}
     with pytest.raises(ConfigError, match=r"testbed_choices.sudoku='advantage.eps=0.1' is invalid: .*group=option for a config group"):
-        task_choices(cfg, "sudoku", set(), _conf())
+        task_choices(cfg, "sudoku", set(), CONF)
     cfg.testbed_choices = {"sudoku": ["advantage=per_cell"]}
     with pytest.raises(ConfigError, match=r"unknown advantage; allowed: .*per_token"):
-        task_choices(cfg, "sudoku", set(), _conf())
+        task_choices(cfg, "sudoku", set(), CONF)
     cfg.testbed_choices = {"sudoku": ["advantage=loo", "likelihood=elbo"]}
-    assert task_choices(cfg, "sudoku", {"likelihood"}, _conf()) == ["advantage=loo"]
-    assert task_choices(cfg, "countdown", set(), _conf()) == []
-
-
-def _conf():
-    from tests.helpers.common import CONF
-
-    return CONF
+    assert task_choices(cfg, "sudoku", {"likelihood"}, CONF) == ["advantage=loo"]
+    assert task_choices(cfg, "countdown", set(), CONF) == []
 
 
 def test_a_choice_the_run_refuses_is_left_out_and_the_log_says_why(tmp_path, caplog):
