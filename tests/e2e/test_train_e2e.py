@@ -32,6 +32,8 @@ def test_tiny_run_end_to_end(tmp_path, objective, monkeypatch):
     assert all(n >= 0 for n in norms) and any(n > 0 for n in norms)  # a zero-std group gives 0
     s = json.load(open(tmp_path / "run" / "summary.json"))
     assert set(s["before"]) >= {"cell_accuracy", "solved_rate", "valid_rate"}
+    assert s["environment"]["packages"]["torch"] == torch.__version__
+    assert s["environment"]["torch_threads"] == torch.get_num_threads()
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
     assert (tmp_path / "run" / "eval_generations.jsonl").exists()
 

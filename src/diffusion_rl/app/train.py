@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from diffusion_rl.core.config import from_dict, renamed
 from diffusion_rl.core.distributed import is_first_process
+from diffusion_rl.core.environment import environment
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.models.build import base_identity, build_policy
@@ -271,7 +272,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                     "skipped_updates": module.skipped_updates, "reward_failures": c.task.reward_failures, "grad": diagnostics.tracker.summary(),
                     "num_test_items": len(test_items), "metric_definitions": c.task.metric_definitions(),
                     "validation": periodic.history,
-                    "fit_s": fit_s, "wall_s": time.perf_counter() - t_start, "peak_host_memory_gib": peak})
+                    "fit_s": fit_s, "wall_s": time.perf_counter() - t_start, "peak_host_memory_gib": peak,
+                    "environment": environment()})
     with open(run_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2, default=str)
     finish_loggers(loggers, summary)

@@ -18,7 +18,8 @@ docs/methods.md §6 names), ``summary.json`` and ``.hydra/overrides.yaml``, and 
   per sample), ``rollout_time.png`` / ``update_time.png`` (wall time of the rollout and of an update);
 - ``report.md``: the table (spikes, max gradient norm, final reward, held-out accuracy before and
   after RL, skipped updates), a cost table (mean rollout and update seconds per step, RL wall time,
-  forwards per sample, mean mismatch) when the runs logged them, and the plots.
+  forwards per sample, mean mismatch) when the runs logged them, the environment the runs ran in
+  (and where they differ), and the plots.
 
 One line per run, labelled by the overrides that differ between the runs (``eps=5``, ``eps=100``).
 The log-ratio spread and ESS panels are left out, and named in ``report.md``, when their metric has
@@ -96,6 +97,36 @@ def cost_table(runs: list[RunData]) -> str | None:
         fit = (r.summary or {}).get("fit_s", math.nan)
         lines.append("| " + " | ".join([r.label, *map(fmt, means), fmt(fit)]) + " |")
     return "\n".join(lines)
+
+def environment_line(runs: list[RunData]) -> str | None:
+    """What the runs ran on (``summary.json``'s ``environment``) in one line, naming each field in which
+    they differ: runs from different installs, thread counts or commits differ in their floating-point
+    sums, so they compare as separate draws, not bit for bit. None when no run recorded it."""
+    envs = [flat_environment(r.summary["environment"]) for r in runs if r.summary and r.summary.get("environment")]
+    if not envs:
+        return None
+    keys = list(dict.fromkeys(k for e in envs for k in e))
+    same = {k: envs[0].get(k) for k in keys if all(e.get(k) == envs[0].get(k) for e in envs)}
+    parts = [f"{k} {v}" for k, v in same.items() if v is not None]
+    line = "Environment: " + ", ".join(parts) + "."
+    differ = [f"`{k}` ({', '.join(sorted({str(e.get(k)) for e in envs}))})" for k in keys if k not in same]
+    if differ:
+        line += " The runs differ in " + "; ".join(differ) + "."
+    missing = len(runs) - len(envs)
+    if missing:
+        line += f" Not recorded for {missing} of {len(runs)} runs."
+    return line
+
+
+def flat_environment(env: dict) -> dict[str, object]:
+    """``environment`` as one level of names: packages by name, the source as its commit (``+modified``
+    when its tracked files differed)."""
+    out: dict[str, object] = {k: v for k, v in env.items() if k not in ("packages", "source", "platform")}
+    out.update(env.get("packages") or {})
+    src = env.get("source")
+    out["commit"] = None if not src else src["commit"][:10] + ("+modified" if src.get("dirty") else "")
+    return out
+
 
 def plot_metric(runs: list[RunData], metric: str, title: str, path: Path, log_y: bool = False) -> bool:
     """One line per run that logged ``metric``; False (no file) when none did."""
@@ -216,6 +247,9 @@ def build_report(root: str | Path, out_dir: str | Path | None = None) -> tuple[P
         lines += [f"{len(groups)} conditions, mean ± sd over their seeds (test split; gain = after - before):", "",
                   grouped_table(groups), "", seed_table(groups), "", bootstrap_table(groups), "", "Every run:", ""]
     lines += [markdown_table(runs), ""]
+    env = environment_line(runs)
+    if env is not None:
+        lines += [env, ""]
     cost = cost_table(runs)
     if cost is not None:
         lines += ["Rollout cost (means over the logged rows; `RL wall s` is the training loop's, without evaluation):",

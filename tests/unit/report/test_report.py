@@ -280,3 +280,36 @@ def test_numbers_in_tables_stay_readable_when_a_gradient_explodes():
 
     assert fmt(0.8567) == "0.857" and fmt(984.4112) == "984.411" and fmt(6.974e18) == "6.97e+18"
     assert fmt(float("nan")) == "-" and fmt(None) == "-"
+
+
+def test_the_report_names_the_environment_and_where_runs_differ_in_it(tmp_path):
+    def env(torch_version, threads, commit, dirty):
+        return {"python": "3.11.9", "packages": {"torch": torch_version, "lightning": "2.6.0"},
+                "torch_threads": threads, "cpu": "cpu A", "gpu": None, "platform": "Linux",
+                "source": {"commit": commit, "dirty": dirty}}
+    root = tmp_path / "multirun"
+    base = {"before": {"cell_accuracy": 0.5}, "after": {"cell_accuracy": 0.6}, "optimizer_steps": 2}
+    write_run(root / "0_seed=0", ["seed=0"], norms=[1, 1], spikes=[0, 0], rewards=[0.1],
+              summary={**base, "environment": env("2.13.0+cpu", 1, "a" * 40, False)})
+    write_run(root / "1_seed=1", ["seed=1"], norms=[1, 1], spikes=[0, 0], rewards=[0.1],
+              summary={**base, "environment": env("2.12.0+cpu", 1, "b" * 40, True)})
+    write_run(root / "2_seed=2", ["seed=2"], norms=[1, 1], spikes=[0, 0], rewards=[0.1], summary=base)
+    text = build_report(root)[0].read_text()
+    line = next(x for x in text.splitlines() if x.startswith("Environment:"))
+    assert "python 3.11.9" in line and "torch_threads 1" in line and "lightning 2.6.0" in line
+    assert "`torch` (2.12.0+cpu, 2.13.0+cpu)" in line
+    assert "`commit` (aaaaaaaaaa, bbbbbbbbbb+modified)" in line
+    assert "Not recorded for 1 of 3 runs." in line
+    assert "gpu" not in line  # None in every run: nothing to say
+
+
+def test_runs_in_one_environment_get_a_line_without_differences(tmp_path, multirun):
+    assert "Environment:" not in build_report(multirun)[0].read_text()  # none of these runs recorded one
+    env = {"python": "3.11.9", "packages": {"torch": "2.13.0+cpu"}, "torch_threads": 2, "cpu": "cpu A",
+           "gpu": None, "platform": "Linux", "source": None}
+    root = tmp_path / "same"
+    for seed in (0, 1):
+        write_run(root / f"{seed}_seed={seed}", [f"seed={seed}"], norms=[1, 1], spikes=[0, 0], rewards=[0.1],
+                  summary={"after": {"cell_accuracy": 0.6}, "optimizer_steps": 2, "environment": env})
+    line = next(x for x in build_report(root)[0].read_text().splitlines() if x.startswith("Environment:"))
+    assert line == "Environment: python 3.11.9, torch_threads 2, cpu cpu A, torch 2.13.0+cpu."
