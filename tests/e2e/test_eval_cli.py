@@ -112,6 +112,7 @@ def test_sudoku_checkpoint_eval_keeps_its_metrics(tmp_path):
     saved = json.load(open(tmp_path / "run" / "eval_summary.json"))
     assert summary["gen_lengths"] == [16] and saved["num_items"] == 2  # compact prompts: the sampler's length
     assert {"cell_accuracy", "solved_rate", "valid_rate"} <= set(saved) and 0.0 <= saved["cell_accuracy"] <= 1.0
+    assert saved["environment"]["packages"]["torch"] == torch.__version__
     with pytest.raises(ConfigError, match="ckpt_path.*no checkpoint file"):
         evaluate_checkpoint(compose_eval(["task=sudoku", f"ckpt_path={tmp_path / 'x.ckpt'}"], tmp_path), tmp_path / "r2")
     # a run folder stands for its checkpoints/last.ckpt, as with training's ckpt_path

@@ -50,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from diffusion_rl.app.train import EvalConfig, RunConfig, build_task, run_config, warm_start_key
 from diffusion_rl.core.config import from_dict
+from diffusion_rl.core.environment import environment
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle
@@ -279,7 +280,8 @@ def _summary(task: Task, by_length: dict[int, dict[str, float]], **info: Any) ->
         definitions[D1_PROTOCOLS[task.cfg.name].metric] = ("as d1's eval/parse_and_get_acc.py computes it (its parsers, "
                                                            "quirks included; rewards/d1/scoring.py): points over the total")
     return {"task": task.cfg.name, **info, "gen_lengths": list(by_length),
-            "by_length": {str(k): v for k, v in by_length.items()}, **first, "metric_definitions": definitions}
+            "by_length": {str(k): v for k, v in by_length.items()}, **first, "metric_definitions": definitions,
+            "environment": environment()}
 
 
 def items_scored(task: Task, n: int) -> str:
