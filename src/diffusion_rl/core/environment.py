@@ -42,13 +42,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def source_commit(path: Path) -> dict[str, Any] | None:
-    """The git commit of the checkout holding ``path`` and whether its tracked files differ from it;
-    None where ``path`` is not in a git checkout (an installed wheel) or git is missing."""
+def source_commit(file: Path) -> dict[str, Any] | None:
+    """The git commit of the checkout that tracks ``file`` and whether its tracked files differ from it;
+    None where no checkout tracks it (an installed wheel, also one in a virtual environment inside a
+    checkout) or git is missing."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, check=True,
+        return subprocess.run(["git", "-C", str(file.parent), *args], capture_output=True, text=True, check=True,
                               timeout=10).stdout.strip()
     try:
+        git("ls-files", "--error-unmatch", file.name)  # fails where the file is not tracked
         commit = git("rev-parse", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
@@ -61,4 +63,4 @@ def environment() -> dict[str, Any]:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"python": platform.python_version(), "packages": package_versions(),
             "torch_threads": torch.get_num_threads(), "cpu": cpu_name(), "gpu": gpu,
-            "platform": platform.platform(), "source": source_commit(Path(__file__).resolve().parent)}
+            "platform": platform.platform(), "source": source_commit(Path(__file__).resolve())}

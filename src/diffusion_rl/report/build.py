@@ -98,6 +98,7 @@ def cost_table(runs: list[RunData]) -> str | None:
         lines.append("| " + " | ".join([r.label, *map(fmt, means), fmt(fit)]) + " |")
     return "\n".join(lines)
 
+
 def environment_line(runs: list[RunData]) -> str | None:
     """What the runs ran on (``summary.json``'s ``environment``) in one line, naming each field in which
     they differ: runs from different installs, thread counts or commits differ in their floating-point

@@ -2,6 +2,7 @@
 
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -35,13 +36,23 @@ def test_the_source_commit_and_whether_tracked_files_differ_from_it(tmp_path):
     git(repo, "add", "a.py")
     git(repo, "commit", "-q", "-m", "one")
     head = git(repo, "rev-parse", "HEAD")
-    assert source_commit(repo) == {"commit": head, "dirty": False}
+    assert source_commit(repo / "a.py") == {"commit": head, "dirty": False}
     (repo / "new.py").write_text("untracked\n")  # untracked files do not change what ran from the commit
-    assert source_commit(repo) == {"commit": head, "dirty": False}
+    assert source_commit(repo / "a.py") == {"commit": head, "dirty": False}
+    assert source_commit(repo / "new.py") is None  # a copy the checkout does not track (a wheel in a venv there)
     (repo / "a.py").write_text("x = 2\n")
-    assert source_commit(repo) == {"commit": head, "dirty": True}
+    assert source_commit(repo / "a.py") == {"commit": head, "dirty": True}
 
 
 def test_outside_a_git_checkout_there_is_no_source_commit(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git does not look above tmp_path
-    assert source_commit(tmp_path) is None
+    (tmp_path / "a.py").write_text("x = 1\n")
+    assert source_commit(tmp_path / "a.py") is None
+
+
+def test_this_checkout_reports_its_own_commit():
+    import diffusion_rl.core.environment as mod
+
+    src = source_commit(Path(mod.__file__).resolve())
+    head = git(Path(mod.__file__).parent, "rev-parse", "HEAD")
+    assert src is not None and src["commit"] == head
