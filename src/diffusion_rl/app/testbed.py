@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from diffusion_rl.core.config import override_key
+from diffusion_rl.core.config import group_options, override_key
 from diffusion_rl.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,12 @@ def task_choices(cfg: DictConfig, task: str, chosen: Iterable[str], conf_dir: Pa
     out, chosen = [], set(chosen)
     for item in wanted or []:  # type: ignore[union-attr]
         group, _, option = str(item).partition("=")
-        if not option or "." in group or not (conf_dir / group).is_dir():
+        allowed = group_options(group, conf_dir)
+        if not option or allowed is None:
             raise ConfigError(f"testbed_choices.{task}", item, "each entry is group=option for a config group "
                               "(a plain setting goes in the testbed file as a value)")
-        if not (conf_dir / group / f"{option}.yaml").is_file():
-            allowed = ", ".join(sorted(p.stem for p in (conf_dir / group).glob("*.yaml")))
-            raise ConfigError(f"testbed_choices.{task}", item, f"unknown {group}; allowed: {allowed}")
+        if option not in allowed:
+            raise ConfigError(f"testbed_choices.{task}", item, f"unknown {group}; allowed: {', '.join(allowed)}")
         if group not in chosen:
             out.append(f"{group}={option}")
     return out

@@ -119,6 +119,15 @@ def override_key(override: str) -> str:
     return key.split("@", 1)[0]
 
 
+def group_options(group: str, conf_dir: Path) -> list[str] | None:
+    """The options of the config group ``group`` (its ``*.yaml`` files, sorted); None where ``group`` is
+    not a config group (a dotted key, or no such folder under ``conf_dir``)."""
+    folder = conf_dir / group
+    if "." in group or not folder.is_dir():
+        return None
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
 def check_group_choices(argv: list[str], conf_dir: Path) -> None:
     """Fail in one line on ``group=name`` overrides naming a config that does not exist."""
     for arg in argv:
@@ -126,10 +135,9 @@ def check_group_choices(argv: list[str], conf_dir: Path) -> None:
             continue
         key, value = arg.split("=", 1)
         key = key.removeprefix("override ").strip()
-        group = conf_dir / key
-        if "." in key or not group.is_dir():
+        allowed = group_options(key, conf_dir)
+        if allowed is None:
             continue
-        allowed = sorted(p.stem for p in group.glob("*.yaml"))
         for choice in value.split(","):  # multirun: a,b,c
             if choice and choice != "null" and choice not in allowed:
                 raise ConfigError(key, choice, f"unknown {key}; allowed: {', '.join(allowed)}")
