@@ -2,22 +2,27 @@
 
 Every estimator sees the rewards of the *whole* batch ``(N,)`` (prompt-major: rows ``g*G .. g*G+G-1``
 share prompt ``g``; gathered from every process under data parallelism) and returns advantages of
-the same rows, ``(N,)``, or ``(N, K)`` per selected denoising step (``stepwise``):
+the same rows, ``(N,)``, ``(N, L)`` per token (``credit=token``) or ``(N, K)`` per selected denoising step
+(``stepwise``):
 
 - ``group``:     ``A_j = r_j - mean_G(r)``                       (docs/methods.md §4; Dr. GRPO's
   unscaled form)
-- ``group_std``: ``A_j = (r_j - mean_G(r)) / (std_G(r) + eps)``  (d1 / TRL's default; the unbiased std)
+- ``group_std``: ``A_j = (r_j - mean_G(r)) / (std_G(r) + eps)``  (TRL's ``scale_rewards``; the unbiased std.
+  d1, StableDRL and EGSPO do not scale: ``group``)
 - ``loo``:       ``A_j = r_j - mean_{k != j} r_k = G / (G - 1) (r_j - mean_G(r))``   (RLOO)
 - ``zscore``:    ``A_j = (r_j - mean_G(r)) / std_G(r)`` with the *population* std, and ``A = 0`` for a
   group whose std is below ``zero_std`` (TraceRL's ``z_score_normalize``, ``reward/rl_reward.py``)
-- ``per_token``: per-cell credit, GRPO's group normalisation applied to each token position. With
-  ``r_ji`` the reward token ``i`` of sample ``j`` earned itself (``Task.token_rewards``, summing to
-  ``r_j``), ``A_ji = (r_ji - mean_G(r_.i)) / (std_G(r_.i) + eps)``: each token is compared with the
-  group's tokens at its position. For a policy that draws the tokens independently given the prompt
-  (d1's one-step view) the centred credit is an unbiased, lower-variance policy gradient of the same
-  reward; under the iterative sampler it ignores how a token changes the distribution of the others.
-  A position whose tokens all earned the same (a Sudoku given, EOS, a cell every sample got right)
-  gets no advantage: anchor what must not drift with the KL term.
+
+These four take ``credit``: ``sequence`` (the default) reads each completion's reward ``r_j``;
+``token`` reads the reward each token earned itself (``Task.token_rewards``, summing to ``r_j``; Sudoku:
+``1 / empty cells`` for each empty cell filled right) and applies the same formula at each position,
+``A_ji = r_ji - mean_G(r_.i)`` for ``group``, over ``std_G(r_.i) + eps`` for ``group_std``: each token is
+compared with the group's tokens at its position (per-cell credit; ``advantage=per_token`` is
+``group_std`` with token credit). For a policy that draws the tokens independently given the prompt (d1's
+one-step view) the centred credit is an unbiased, lower-variance policy gradient of the same reward; under
+the iterative sampler it ignores how a token changes the distribution of the others. A position whose
+tokens all earned the same (a Sudoku given, EOS, a cell every sample got right) gets no advantage: anchor
+what must not drift with the KL term. Only objectives that score tokens take it (``Objective.token_credit``).
 - ``stepwise``:  EGSPO-SA (docs/methods.md §4). With ``V_jk`` the reward of the greedy one-step
   completion at sample ``j``'s ``k``-th selected step, ``R_jk = (1 + lam) r_j - lam V_jk``
   (``/ (1 + lam)`` when ``normalize_returns``) and ``A_jk = R_jk - mean_G(R_.k)`` per slot ``k``
@@ -50,14 +55,23 @@ from diffusion_rl.core.registry import Registry
 ADVANTAGES: Registry[type[AdvantageEstimator]] = Registry("advantage.name")
 
 
+CREDITS = ("sequence", "token")
+
+
 @dataclass
 class AdvantageConfig:
-    name: str = "group_std"  # the default of every objective but egspo_sa (d1 and TRL scale by the std)
+    # TRL's default; the seed objectives' own files choose theirs (d1, StableDRL, EGSPO: group, r - mean)
+    name: str = "group_std"
     eps: float = 1e-4  # added to the group's std before dividing (group_std, stepwise with std_scale)
+    # what a reward is compared at: sequence (each completion's reward) | token (each token's own reward,
+    # Task.token_rewards, at its position: per-cell credit on Sudoku); group, group_std, loo, zscore
+    credit: str = "sequence"
 
     def validate(self) -> None:
         if not self.eps > 0:
             raise ConfigError("advantage.eps", self.eps, "must be > 0")
+        if self.credit not in CREDITS:
+            raise ConfigError("advantage.credit", self.credit, f"allowed: {', '.join(CREDITS)}")
 
 
 class AdvantageEstimator(ABC):
@@ -68,11 +82,28 @@ class AdvantageEstimator(ABC):
     # which one-step completions V rewards: greedy (the argmax fill, EGSPO-SA) | prediction (the sampler's
     # own draws, MDPO; sampling/trajectory.py)
     values_of: str = "greedy"
-    needs_token_rewards: bool = False  # True: needs each token's own reward (N, L), Task.token_rewards
+    takes_token_credit: bool = False  # True: credit=token applies the formula at each token position
 
     def __init__(self, cfg: AdvantageConfig):
         cfg.validate()
+        if cfg.credit == "token" and not self.takes_token_credit:
+            takes = [n for n in ADVANTAGES.names() if ADVANTAGES.get(n).takes_token_credit]
+            raise ConfigError("advantage.credit", cfg.credit, f"advantage={cfg.name} has no per-token form; token "
+                              f"credit is for advantage={' | '.join(takes)}")
         self.cfg = cfg
+
+    @property
+    def needs_token_rewards(self) -> bool:
+        """Whether the estimator reads each token's own reward (N, L), ``Task.token_rewards``."""
+        return self.cfg.credit == "token"
+
+    def credited(self, rewards: torch.Tensor, token_rewards: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """What the formula reads: the rewards (N,), or with ``credit=token`` each token's own (N, L)."""
+        if not self.needs_token_rewards:
+            return rewards, {}
+        if token_rewards is None:
+            raise ValueError("advantage.credit=token needs each token's reward (N, L)")
+        return token_rewards, {"advantage/credited_token_frac": float((token_rewards != 0).float().mean())}
 
     @abstractmethod
     def __call__(self, rewards: torch.Tensor, group_size: int, values: torch.Tensor | None = None,
@@ -86,15 +117,16 @@ class AdvantageEstimator(ABC):
 
 
 def centred(rewards: torch.Tensor, group_size: int, std_eps: float | None = None) -> torch.Tensor:
-    """``r - mean_G(r)``, divided by ``std_G(r) + std_eps`` unless ``std_eps`` is None. (N,) -> (N,)
+    """``r - mean_G(r)``, divided by ``std_G(r) + std_eps`` unless ``std_eps`` is None, at each position of
+    a row. (N,) -> (N,), (N, L) -> (N, L)
 
-    The std is the unbiased one (``torch.std``), as d1 and TRL compute it.
+    The std is the unbiased one (``torch.std``), as TRL computes it.
     """
-    r = rewards.float().view(-1, group_size)  # (N/G, G)
-    adv = r - r.mean(-1, keepdim=True)
+    r = rewards.float().view(-1, group_size, *rewards.shape[1:])  # (N/G, G, ...)
+    adv = r - r.mean(1, keepdim=True)
     if std_eps is not None:
-        adv = adv / (r.std(-1, keepdim=True) + std_eps)
-    return adv.reshape(-1)
+        adv = adv / (r.std(1, keepdim=True) + std_eps)
+    return adv.reshape(rewards.shape)
 
 
 @dataclass
@@ -105,15 +137,20 @@ class GroupConfig(AdvantageConfig):
 @ADVANTAGES.register("group")
 class GroupAdvantage(AdvantageEstimator):
     config_class = GroupConfig
+    takes_token_credit = True
 
     def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
-        return centred(rewards, group_size), {}
+        r, metrics = self.credited(rewards, token_rewards)
+        return centred(r, group_size), metrics
 
 
 @ADVANTAGES.register("group_std")
 class GroupStdAdvantage(AdvantageEstimator):
+    takes_token_credit = True
+
     def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
-        return centred(rewards, group_size, self.cfg.eps), {}
+        r, metrics = self.credited(rewards, token_rewards)
+        return centred(r, group_size, self.cfg.eps), metrics
 
 
 @dataclass
@@ -124,9 +161,11 @@ class LOOConfig(AdvantageConfig):
 @ADVANTAGES.register("loo")
 class LeaveOneOutAdvantage(AdvantageEstimator):
     config_class = LOOConfig
+    takes_token_credit = True
 
     def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
-        return centred(rewards, group_size) * (group_size / (group_size - 1)), {}
+        r, metrics = self.credited(rewards, token_rewards)
+        return centred(r, group_size) * (group_size / (group_size - 1)), metrics
 
 
 @dataclass
@@ -144,42 +183,24 @@ class ZScoreConfig(AdvantageConfig):
 
 
 def zscores(rewards: torch.Tensor, group_size: int, zero_std: float) -> torch.Tensor:
-    """``(r - mean_G) / std_G`` with the population std, 0 in a group whose std is below ``zero_std``;
-    in float64, as the public code's Python floats. (N,) -> (N,) float32"""
-    r = rewards.double().view(-1, group_size)  # (N/G, G)
-    centred = r - r.mean(-1, keepdim=True)
-    std = centred.pow(2).mean(-1, keepdim=True).sqrt()  # (N/G, 1) population std
+    """``(r - mean_G) / std_G`` with the population std, 0 in a group whose std is below ``zero_std``,
+    at each position of a row; in float64, as the public code's Python floats. (N,) or (N, L) -> float32"""
+    r = rewards.double().view(-1, group_size, *rewards.shape[1:])  # (N/G, G, ...)
+    centred = r - r.mean(1, keepdim=True)
+    std = centred.pow(2).mean(1, keepdim=True).sqrt()  # (N/G, 1, ...) population std
     flat = std < zero_std
-    return torch.where(flat, 0.0, centred / torch.where(flat, 1.0, std)).reshape(-1).float()
+    return torch.where(flat, 0.0, centred / torch.where(flat, 1.0, std)).reshape(rewards.shape).float()
 
 
 @ADVANTAGES.register("zscore")
 class ZScoreAdvantage(AdvantageEstimator):
     config_class = ZScoreConfig
     cfg: ZScoreConfig
+    takes_token_credit = True
 
     def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
-        return zscores(rewards, group_size, self.cfg.zero_std), {}
-
-
-@dataclass
-class PerTokenConfig(AdvantageConfig):
-    name: str = "per_token"
-
-
-@ADVANTAGES.register("per_token")
-class PerTokenAdvantage(AdvantageEstimator):
-    config_class = PerTokenConfig
-    needs_token_rewards = True
-
-    def __call__(self, rewards, group_size, values=None, valid=None, token_rewards=None):
-        if token_rewards is None:
-            raise ValueError("advantage=per_token needs each token's reward (N, L)")
-        G = group_size
-        tr = token_rewards.float().view(-1, G, token_rewards.shape[-1])  # (N/G, G, L)
-        adv = (tr - tr.mean(1, keepdim=True)) / (tr.std(1, keepdim=True) + self.cfg.eps)  # (N/G, G, L)
-        adv = adv.reshape(token_rewards.shape)  # (N, L)
-        return adv, {"advantage/credited_token_frac": float((token_rewards != 0).float().mean())}
+        r, metrics = self.credited(rewards, token_rewards)
+        return zscores(r, group_size, self.cfg.zero_std), metrics
 
 
 @dataclass

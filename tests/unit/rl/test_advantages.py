@@ -66,12 +66,18 @@ def test_stepwise_metrics_ignore_unused_slots_and_need_values():
 
 
 def test_configs_validate_and_registry_names():
-    assert ADVANTAGES.names() == ["group", "group_std", "loo", "mdpo", "per_token", "stepwise", "zscore"]
+    assert ADVANTAGES.names() == ["group", "group_std", "loo", "mdpo", "stepwise", "zscore"]
     assert GroupConfig().name == "group" and LOOConfig().name == "loo" and AdvantageConfig().name == "group_std"
     with pytest.raises(ConfigError, match="advantage.lam"):
         StepwiseConfig(lam=-1).validate()
     with pytest.raises(ConfigError, match="advantage.eps"):
         AdvantageConfig(eps=0).validate()
+    with pytest.raises(ConfigError, match=r"advantage.credit='cell' is invalid: allowed: sequence, token"):
+        AdvantageConfig(credit="cell").validate()
+    for name in ("stepwise", "mdpo"):  # per-step estimators: no per-token form
+        with pytest.raises(ConfigError, match=rf"advantage.credit='token' is invalid: advantage={name} has no per-token "
+                                              r"form; token credit is for advantage=group \| group_std \| loo \| zscore"):
+            estimator(name, credit="token")
 
 
 @pytest.mark.parametrize("likelihood,ok", [("one_step", True), ("complementary", True), ("stratified", True),
@@ -84,13 +90,13 @@ def test_per_cell_credit_takes_any_per_token_likelihood_and_the_refusal_names_th
     if ok:
         assert build(cfg).objective.likelihood.per_token
     else:
-        with pytest.raises(ConfigError, match=r"likelihood=complementary \| one_step \| stratified$"):
+        with pytest.raises(ConfigError, match=r"^advantage.credit='token' is invalid: needs a per-token likelihood: "
+                                              r"likelihood=complementary \| one_step \| stratified"):
             build(cfg)
 
 
 @pytest.mark.parametrize("objective,advantage,ok", [
-    ("grpo", "loo", True), ("grpo", "stepwise", False), ("stabledrl", "group", True), ("grpo", "per_token", True),
-    ("stabledrl", "per_token", False), ("egspo", "per_token", False),
+    ("grpo", "loo", True), ("grpo", "stepwise", False), ("stabledrl", "group", True),
     ("egspo", "stepwise", True), ("egspo_sa", "group_std", False), ("egspo_sa", "stepwise", True),
     ("mdpo", "mdpo", True), ("mdpo", "group_std", False), ("egspo_sa", "mdpo", False),
 ])
@@ -107,16 +113,50 @@ def test_objectives_refuse_estimators_they_cannot_use(tmp_path, objective, advan
         assert str(err.value).startswith(f"advantage.name='{advantage}' is invalid: objective {objective}")
 
 
-def test_per_token_credit_hand_computed():
-    rewards = torch.tensor([1.0, 0.5])  # one group of G = 2
-    token_rewards = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.0]])  # each row sums to its reward
-    adv, m = estimator("per_token")(rewards, 2, token_rewards=token_rewards)
-    scale = torch.tensor([0.5, 0.0]).std().item() + 1e-4  # position 0: one sample earned, one did not
-    assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]]) / scale)
+@pytest.mark.parametrize("objective,ok", [("grpo", True), ("tracerl", True), ("cj_grpo", True), ("stabledrl", False),
+                                          ("egspo", False), ("espo", False), ("wd1", False)])
+def test_only_objectives_that_score_tokens_take_token_credit(tmp_path, objective, ok):
+    from diffusion_rl.app.train import build
+    from tests.helpers.common import compose_cfg
+
+    cfg = compose_cfg([f"objective={objective}", "advantage.credit=token"], tmp_path)
+    if ok:
+        assert build(cfg).advantage.needs_token_rewards
+    else:
+        with pytest.raises(ConfigError, match=rf"^advantage.credit='token' is invalid: objective {objective} does not "
+                                              "score tokens one by one: it takes advantage.credit=sequence$"):
+            build(cfg)
+
+
+TOKEN_R = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.0]])  # one group of G = 2, each row sums to its reward
+SEQ_R = torch.tensor([1.0, 0.5])
+
+
+def test_token_credit_applies_each_formula_at_each_position_hand_computed():
+    # position 0: one sample earned 0.5, the other nothing; positions 1 and 2: the two agree
+    adv, m = estimator("group", credit="token")(SEQ_R, 2, token_rewards=TOKEN_R)
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]]))  # d1's r - mean, per cell
     assert m["advantage/credited_token_frac"] == pytest.approx(3 / 6)
-    # unscaled, a sample's token advantages add up to its centred reward: the same signal, split
-    centred = adv * scale
-    seq, _ = estimator("group")(rewards, 2)
-    assert torch.allclose(centred.sum(-1), seq, atol=1e-4)
+    scale = torch.tensor([0.5, 0.0]).std().item() + 1e-4  # the unbiased std at position 0
+    scaled, _ = estimator("group_std", credit="token")(SEQ_R, 2, token_rewards=TOKEN_R)
+    assert torch.allclose(scaled, adv / scale)
+    loo, _ = estimator("loo", credit="token")(SEQ_R, 2, token_rewards=TOKEN_R)
+    assert torch.allclose(loo, torch.tensor([[0.5, 0.0, 0.0], [-0.5, 0.0, 0.0]]))  # r_j minus the other's r
+    z, _ = estimator("zscore", credit="token")(SEQ_R, 2, token_rewards=TOKEN_R)
+    assert torch.allclose(z, torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]]))  # population std 0.25; flat -> 0
+    # a sample's unscaled token advantages add up to its centred reward: the same signal, split over cells
+    seq, _ = estimator("group")(SEQ_R, 2)
+    assert torch.allclose(adv.sum(-1), seq)
     with pytest.raises(ValueError, match="token"):
-        estimator("per_token")(rewards, 2)
+        estimator("group", credit="token")(SEQ_R, 2)
+
+
+def test_per_token_is_group_std_with_token_credit(tmp_path):
+    from diffusion_rl.app.train import build
+    from tests.helpers.common import compose_cfg
+
+    c = build(compose_cfg(["objective=grpo", "advantage=per_token"], tmp_path))
+    assert (c.advantage.cfg.name, c.advantage.cfg.credit) == ("group_std", "token")
+    adv, _ = c.advantage(SEQ_R, 2, token_rewards=TOKEN_R)
+    scale = torch.tensor([0.5, 0.0]).std().item() + 1e-4
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]]) / scale)

@@ -375,7 +375,7 @@ def test_config_selects_the_public_regime_and_the_command_line_wins(tmp_path):
     (["objective.elbo_tokens=padding"], "objective.elbo_tokens"),
     (["objective.eps=1.0"], "objective.eps"),
     (["likelihood.num_samples=0"], "likelihood.num_samples"),
-    (["advantage=per_token"], "advantage.name"),
+    (["advantage=per_token"], "advantage.credit"),
 ])
 def test_nonsense_fails_in_one_line(tmp_path, overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:

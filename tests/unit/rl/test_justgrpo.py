@@ -398,7 +398,7 @@ def test_nonsense_options_fail_in_one_line(override, key):
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["likelihood=elbo"], "likelihood.name"), (["advantage=per_token"], "advantage.name"),
+    (["likelihood=elbo"], "likelihood.name"), (["advantage=per_token"], "advantage.credit"),
     (["model=tiny_block", "sampler.steps=8"], "model.block_size"),
     (["sampler.stop_after_eos=true"], "sampler.stop_after_eos"),
 ])

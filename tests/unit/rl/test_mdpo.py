@@ -28,7 +28,7 @@ from diffusion_rl.likelihood.base import LikelihoodConfig
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.models.build import build_policy
 from diffusion_rl.models.policy import ModelConfig, decode_completions, logits_fn
-from diffusion_rl.rl.advantages import MDPOAdvantage, MDPOAdvantageConfig
+from diffusion_rl.rl.advantages import AdvantageConfig, MDPOAdvantage, MDPOAdvantageConfig
 from diffusion_rl.rl.objectives.base import StepContext
 from diffusion_rl.rl.objectives.mdpo import MDPO, MDPOConfig, mdpo_kl, mdpo_loss
 from diffusion_rl.rl.objectives.selectors import top_k_steps
@@ -441,7 +441,7 @@ def test_config_errors(kwargs, key):
 def test_refusals(tiny_bundle, monkeypatch):
     lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
     with pytest.raises(ConfigError, match="advantage.name"):
-        MDPO(MDPOConfig(), lik).check_advantage("group")
+        MDPO(MDPOConfig(), lik).check_advantage(AdvantageConfig(name="group"))
     with pytest.raises(ConfigError, match="objective.K"):
         mdpo_rollout(tiny_bundle, monkeypatch, steps=4, K=5)
     with pytest.raises(ConfigError, match="sampler.temperature"):

@@ -309,7 +309,7 @@ def test_config_selects_spg_masks_unscaled_advantages_and_sudoku_beta(tmp_path):
     (["objective.mix_weight=1.5"], "objective.mix_weight"),
     (["likelihood=one_step"], "likelihood.name"),
     (["likelihood=elbo", "likelihood.weighting=inverse_t"], "likelihood.weighting"),
-    (["advantage=per_token"], "advantage.name"),
+    (["advantage=per_token"], "advantage.credit"),
     (["likelihood.block_choice=random"], "likelihood.block_choice"),
     (["likelihood.t_min=0.8", "likelihood.t_max=0.5"], "likelihood.t_max"),
     (["likelihood.num_samples=0"], "likelihood.num_samples"),

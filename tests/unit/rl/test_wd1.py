@@ -257,7 +257,7 @@ def test_config_selects_one_step_and_unscaled_advantages(tmp_path):
 @pytest.mark.parametrize("overrides,key", [
     (["likelihood=elbo"], "likelihood.name"),
     (["objective.behaviour_correction=tis"], "objective.behaviour_correction"),
-    (["advantage=per_token"], "advantage.name"),
+    (["advantage=per_token"], "advantage.credit"),
     (["objective.mu=0"], "objective.mu"),
 ])
 def test_config_errors_name_the_key(tmp_path, overrides, key):

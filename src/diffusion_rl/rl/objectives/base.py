@@ -46,6 +46,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.registry import Registry
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.advantages import AdvantageConfig
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.behaviour import (
     BEHAVIOUR_CORRECTIONS,
@@ -219,6 +220,8 @@ class Objective(ABC):
     policy_loss: ClassVar[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]
     # advantage estimators (rl/advantages.py) whose output this objective can use
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
+    # takes per-token advantages (advantage.credit=token: each token's own reward, Sudoku's cells)
+    token_credit: ClassVar[bool] = False
     needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL, MDPO)
     needs_tree: ClassVar[bool] = False  # trains on tree rollouts' edges (rollout.tree, rl/tree.py: d-TreeRPO)
     # the recorder also keeps the sampler's one-step prediction at every step and its confidences (MDPO)
@@ -241,11 +244,14 @@ class Objective(ABC):
         and raises a :class:`ConfigError` for a configured option the order cannot take."""
         return sampler
 
-    def check_advantage(self, name: str) -> None:
+    def check_advantage(self, cfg: AdvantageConfig) -> None:
         """Fail in one line when the configured advantage estimator does not fit this objective."""
-        if name not in self.advantage_estimators:
-            raise ConfigError("advantage.name", name,
+        if cfg.name not in self.advantage_estimators:
+            raise ConfigError("advantage.name", cfg.name,
                               f"objective {self.cfg.name} takes one of: {', '.join(self.advantage_estimators)}")
+        if cfg.credit == "token" and not self.token_credit:
+            raise ConfigError("advantage.credit", cfg.credit, f"objective {self.cfg.name} does not score tokens one "
+                              "by one: it takes advantage.credit=sequence")
 
     # ---- rollout-time hooks (called by diffusion_rl.rl.rollout) ----------------------------
     def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,

@@ -166,7 +166,8 @@ class CJGRPO(Objective):
     config_class = CJGRPOConfig
     cfg: CJGRPOConfig
     policy_loss = staticmethod(cj_grpo_loss)
-    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "zscore", "per_token")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "zscore")
+    token_credit = True
     needs_trajectory = True
 
     def __init__(self, cfg: CJGRPOConfig, likelihood):

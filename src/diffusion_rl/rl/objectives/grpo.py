@@ -26,12 +26,12 @@ base with the adapters off, not a copy to move): the reference here stays fixed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
+from diffusion_rl.rl.advantages import AdvantageConfig
 from diffusion_rl.rl.objectives.base import (
     AGG_MODES,
     OBJECTIVES,
@@ -105,17 +105,18 @@ class GRPO(Objective):
     config_class = GRPOConfig
     cfg: GRPOConfig
     policy_loss = staticmethod(grpo_loss)
-    advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "per_token")
+    token_credit = True
 
     def __init__(self, cfg: GRPOConfig, likelihood):
         super().__init__(cfg, likelihood)
         self.kl_agg = cfg.agg  # the KL reduces as the policy loss (d1 adds it per token before the mean)
 
-    def check_advantage(self, name: str) -> None:
-        super().check_advantage(name)
-        if name == "per_token" and not self.likelihood.per_token:
+    def check_advantage(self, cfg: AdvantageConfig) -> None:
+        super().check_advantage(cfg)
+        if cfg.credit == "token" and not self.likelihood.per_token:
             per_token = [n for n in LIKELIHOODS.names() if LIKELIHOODS.get(n).per_token]
-            raise ConfigError("advantage.name", name, f"needs a per-token likelihood: likelihood={' | '.join(per_token)}")
+            raise ConfigError("advantage.credit", cfg.credit, "needs a per-token likelihood: "
+                              f"likelihood={' | '.join(per_token)} (or advantage.credit=sequence)")
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         # the policy gradient acts on the tokens the reward reads; the KL anchor on kl_tokens

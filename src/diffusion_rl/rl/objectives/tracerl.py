@@ -216,7 +216,8 @@ class TraceRL(Objective):
     config_class = TraceRLConfig
     cfg: TraceRLConfig
     policy_loss = staticmethod(tracerl_loss)
-    advantage_estimators: ClassVar[tuple[str, ...]] = ("zscore", "group", "group_std", "loo", "per_token")
+    advantage_estimators: ClassVar[tuple[str, ...]] = ("zscore", "group", "group_std", "loo")
+    token_credit = True
     needs_trajectory = True
     kl_agg = "token-mean"  # the optional reference KL (beta > 0): mean over every trained token
 
