@@ -72,7 +72,7 @@ from diffusion_rl.sampling.noise import RowNoise, uniform
 
 DECODES = ("fixed", "threshold", "factor")
 CACHES = ("none", "prefix", "dual")
-SCHEDULES = ("even", "ass")
+SCHEDULES = ("even", "ass", "maskgit")
 
 
 @dataclass
@@ -100,7 +100,8 @@ class SamplerConfig:
     editing_threshold: float | None = None
     max_post_steps: int = 16  # editing: passes over a full block while they still change a token
     # decode=fixed's commit counts: even (num_transfer_tokens) | ass (CJ-GRPO's ascending step size:
-    # step i commits 2^i tokens, the last the rest; one block, steps = floor(log2 gen_length))
+    # step i commits 2^i tokens, the last the rest; one block, steps = floor(log2 gen_length)) | maskgit
+    # (MaskGIT's linear schedule, MDPO's public rollouts: maskgit_transfer_tokens)
     schedule: str = "even"
     # EOSER (CJ-GRPO): an EOS candidate's confidence times a factor rising linearly from eos_gamma_min
     # at the first step to eos_gamma_max at the last (the public run: 0.01 -> 1.0); 1.0 / 1.0 = off
@@ -170,9 +171,9 @@ class SamplerConfig:
         """ASS and EOSER (CJ-GRPO's decoders) on top of the checks above."""
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"{prefix}.schedule", self.schedule, f"allowed: {', '.join(SCHEDULES)}")
+        if self.schedule != "even" and self.decode != "fixed":
+            raise ConfigError(f"{prefix}.schedule", self.schedule, f"needs {prefix}.decode=fixed (it sets the commit counts)")
         if self.schedule == "ass":
-            if self.decode != "fixed":
-                raise ConfigError(f"{prefix}.schedule", self.schedule, f"needs {prefix}.decode=fixed (it sets the commit counts)")
             if self.block_length != self.gen_length:
                 raise ConfigError(f"{prefix}.block_length", self.block_length,
                                   f"must equal {prefix}.gen_length={self.gen_length} with {prefix}.schedule=ass (one block)")
@@ -323,14 +324,33 @@ def ass_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
 
 def eos_factor(cfg: SamplerConfig, step: int) -> float:
     """EOSER's factor on an EOS candidate's confidence at the sampler's global step ``step``: linear
-    in ``step / (steps - 1)`` (``gamma_max`` with one step), or with ``schedule=ass`` in the share of
-    tokens decoded by the end of the step, ``(2^(step+1) - 1) / 2^steps`` (the public
-    ``sampling`` / ``ass_sampling``)."""
+    in ``step / (steps - 1)``, or with ``schedule=ass`` in the share of tokens decoded by the end of the
+    step, ``(2^(step+1) - 1) / 2^steps``; ``gamma_max`` with one step under either (the public
+    ``sampling`` / ``ass_sampling`` guard ``total_steps > 1``)."""
+    if cfg.steps <= 1:
+        return cfg.eos_gamma_max
     if cfg.schedule == "ass":
         t = (2 ** (step + 1) - 1) / 2 ** cfg.steps
     else:
-        t = min(max(step, 0), cfg.steps - 1) / (cfg.steps - 1) if cfg.steps > 1 else 1.0
+        t = min(max(step, 0), cfg.steps - 1) / (cfg.steps - 1)
     return cfg.eos_gamma_min + (cfg.eos_gamma_max - cfg.eos_gamma_min) * t
+
+
+def maskgit_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """MaskGIT's linear schedule (MDPO's public rollouts, ``get_num_transfer_tokens_maskgit``): after step
+    ``t`` the masked share is ``max(1 - (t + 1) / steps, 1e-6)``, so ``m - floor(m * ratio)`` tokens are
+    committed by then (float64, as there). Equal to :func:`num_transfer_tokens` when ``steps`` divides ``m``;
+    otherwise the remainder spreads over the steps instead of going to the first ones.
+
+    masked: (B,) masked-token counts -> (B, steps) int64
+    """
+    ratio = torch.tensor([max(1 - (t + 1) / steps, 1e-6) for t in range(steps)], dtype=torch.float64,
+                         device=masked.device)  # (steps,)
+    done = masked[:, None] - torch.floor(masked[:, None].double() * ratio[None, :]).long()  # (B, steps) cumulative
+    return torch.cat([done[:, :1], done[:, 1:] - done[:, :-1]], 1).long()
+
+
+TRANSFER_COUNTS = {"even": num_transfer_tokens, "ass": ass_transfer_tokens, "maskgit": maskgit_transfer_tokens}
 
 
 def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
@@ -338,7 +358,7 @@ def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
     """The commit counts of one block's steps. ``block`` (B, n) is a *view* of the block in the state
     the sampler updates in place; ``live`` (B,) bool the rows still decoding (None: all).
     ``decode=fixed`` gives ``fixed_steps`` counts (B,) of :func:`num_transfer_tokens` (of
-    :func:`ass_transfer_tokens` with ``schedule=ass``); ``threshold`` /
+    :func:`ass_transfer_tokens` / :func:`maskgit_transfer_tokens` with ``schedule=ass`` / ``maskgit``); ``threshold`` /
     ``factor`` give ``None`` (the count is read from the confidences) while a live row has a masked
     position left, at most as many times as there were at the start."""
     def open_() -> torch.Tensor:  # (B, n) the positions left to decode
@@ -346,8 +366,7 @@ def block_schedule(cfg: SamplerConfig, block: torch.Tensor, mask_id: int,
 
     masked = open_().sum(-1)  # (B,)
     if cfg.decode == "fixed":
-        counts = ass_transfer_tokens if cfg.schedule == "ass" else num_transfer_tokens
-        yield from counts(masked, fixed_steps).unbind(1)
+        yield from TRANSFER_COUNTS[cfg.schedule](masked, fixed_steps).unbind(1)
         return
     for _ in range(int(masked.max()) if masked.numel() else 0):
         if not bool(open_().any()):

@@ -23,7 +23,13 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import encode_prompts, logits_fn
 from diffusion_rl.sampling import SamplerConfig, generate
 from diffusion_rl.sampling.block import block_generate, check_block_sampler
-from diffusion_rl.sampling.sampler import ass_steps, ass_transfer_tokens, eos_factor
+from diffusion_rl.sampling.sampler import (
+    ass_steps,
+    ass_transfer_tokens,
+    eos_factor,
+    maskgit_transfer_tokens,
+    num_transfer_tokens,
+)
 
 
 # ======================================================================= the public code, transcribed
@@ -158,6 +164,21 @@ def test_ass_counts_with_pinned_tokens_run_out_early():
     assert k.tolist() == [[1, 2, 4, 9], [1, 2, 4, 2], [1, 2, 0, 0], [0, 0, 0, 0]]
 
 
+def test_maskgit_linear_schedule_hand_computed():
+    """MDPO's public rollouts: after step t, floor(m * (1 - (t + 1) / T)) positions stay masked."""
+    k = maskgit_transfer_tokens(torch.tensor([10, 16, 3, 0]), 4)
+    assert k.tolist() == [[3, 2, 3, 2], [4, 4, 4, 4], [1, 1, 1, 0], [0, 0, 0, 0]]  # 10: 7, 5, 2, 0 left; 3: 2, 1, 0, 0
+    assert num_transfer_tokens(torch.tensor([10]), 4).tolist() == [[3, 3, 2, 2]]  # LLaDA's: the remainder first
+    m = torch.arange(0, 40)
+    for steps in (1, 3, 8):
+        counts = maskgit_transfer_tokens(m, steps)
+        assert torch.equal(counts.sum(-1), m) and bool((counts >= 0).all())
+        divisible = m % steps == 0
+        assert torch.equal(counts[divisible], num_transfer_tokens(m[divisible], steps))
+    with pytest.raises(ConfigError, match="sampler.schedule='maskgit' is invalid: needs sampler.decode=fixed"):
+        SamplerConfig(schedule="maskgit", decode="threshold").validate()
+
+
 def test_eoser_factor_rises_linearly_over_the_steps():
     cfg = SamplerConfig(gen_length=16, block_length=8, steps=5, eos_gamma_min=0.01, eos_gamma_max=1.0)
     f = [eos_factor(cfg, s) for s in range(5)]
@@ -167,6 +188,9 @@ def test_eoser_factor_rises_linearly_over_the_steps():
     ass = SamplerConfig(gen_length=16, block_length=16, steps=4, schedule="ass", eos_gamma_min=0.01)
     # ASS: linear in the share of tokens decoded by the end of the step, (2^(s+1) - 1) / 2^S
     assert [eos_factor(ass, s) for s in range(4)] == pytest.approx([0.01 + 0.99 * (2 ** (s + 1) - 1) / 16 for s in range(4)])
+    for schedule in ("even", "ass"):  # one step: gamma_max under either schedule (the public guard, total_steps > 1)
+        one = SamplerConfig(gen_length=2, block_length=2, steps=1, schedule=schedule, eos_gamma_min=0.01, eos_gamma_max=0.7)
+        assert eos_factor(one, 0) == 0.7
 
 
 def test_eoser_changes_which_position_step_zero_commits():

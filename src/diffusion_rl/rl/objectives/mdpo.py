@@ -52,6 +52,10 @@ Deviations from the public code:
   so the prediction there is the argmax (the public code samples it); so is a position whose draw is
   the mask token itself. The paper run has one block (``--mixture_data`` mixes in blocks of 128:
   not reproduced, nor RCR decoding or ``--incremental_training``'s filter of the training prompts).
+  Its rollouts commit on MaskGIT's linear schedule (``src/mdlm_generation_utils.py`` calls
+  ``get_num_transfer_tokens_maskgit``): ``sampler.schedule=maskgit`` gives that; the default is LLaDA's even
+  split (``schedule=even``), which commits the same counts whenever the steps divide the masked
+  positions (the Sudoku job's 16 cells in 8 steps) and otherwise gives the remainder to the first steps.
 - Step choice and normalisation are per sample. The public ``topk`` sums ``|A|`` over the per-device
   batch and its token normaliser covers the micro-batch; its recipes put one sample on each device,
   which is what is done here for every sample. The z-score is per prompt's group: the public code
