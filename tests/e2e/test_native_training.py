@@ -60,7 +60,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 def run(folder: Path, arch: str, objective: str, lora: int, tmp_path: Path, monkeypatch) -> tuple[dict, dict, dict]:
     # the staircase ELBO scores block models; SPG's bound (StableDRL's public surrogate) needs its own masks
-    extra = ["likelihood=staircase", "objective.surrogate=elbo"] if arch in BLOCK and objective == "stabledrl" else []
+    extra = ["likelihood=staircase"] if arch in BLOCK and objective == "stabledrl" else []
     # two optimizer steps whatever the objective's inner updates per rollout (ESPO's default is 8)
     extra.append(f"objective.mu={min(OBJECTIVES.get(objective).config_class().mu, 2)}")
     if objective in STEP_OBJECTIVES:

@@ -63,7 +63,7 @@ def test_a_nonfinite_copy_skips_the_whole_update(tmp_path, monkeypatch):
 
 def test_block_model_stabledrl_staircase_end_to_end(tmp_path):
     """StableDRL on a block model, scored with the staircase estimator."""
-    cfg = compose_cfg(["model=tiny_block", "objective=stabledrl", "likelihood=staircase", "objective.surrogate=elbo",
+    cfg = compose_cfg(["model=tiny_block", "objective=stabledrl", "likelihood=staircase",
                        "objective.mu=2"], tmp_path)
     summary = train(cfg, tmp_path / "run")
     assert summary["optimizer_steps"] == 4 and summary["rollouts"] == 2

@@ -27,7 +27,8 @@ regime: ``likelihood=spg_blocks`` (SPG's block-random masks, 2 Monte Carlo sampl
 over masked tokens, no 1/t), ``share_masks_with_old=false`` (the old policy's masks drawn once per
 rollout, the new policy's fresh every inner iteration, so ``l_j`` is not 0 at the first update),
 ``mu = 2``, ``beta = 0`` (no reference model), ``advantage=group`` (``r - mean``, no std),
-``surrogate=spg_mix``, and ``optim=stabledrl`` (lr 1e-6, weight decay 0.1, total-norm clip 0.2, linear
+``surrogate=spg_mix`` (``surrogate=null``, the default, takes it wherever the likelihood gives SPG's
+bound), and ``optim=stabledrl`` (lr 1e-6, weight decay 0.1, total-norm clip 0.2, linear
 decay over 2000 steps). Deviations:
 
 - the softmax runs inside each prompt's group; the public code normalises over its local batch,
@@ -38,7 +39,8 @@ decay over 2000 steps). Deviations:
   (``eubo_beta = 1.5``, ``mix_weight = 0.5``); the weights always come from the ELBO ratio, as there.
   Both bounds are per-token averages, so spg_mix needs ``likelihood=spg_blocks`` or ``likelihood=elbo``
   with ``weighting=mean``; ``surrogate=elbo`` uses the ELBO for every sample (the paper's equation,
-  and the only choice with ``likelihood=staircase``);
+  and what ``surrogate=null`` takes with any other likelihood: ``likelihood=staircase`` on a block model,
+  the paper's SDAR regime, runs from ``model=tiny_block likelihood=staircase`` alone);
 - ``share_masks_with_old=true`` evaluates the old and the new ELBO on identical masks (seeds
   ``mask_seeds(run_seed, rollout, j, inner_iter)``), so ``l_j = 0`` exactly at ``theta = theta_old``:
   the regime of every other public implementation (d1, ESPO), where the clip cannot act at ``mu = 1``;
@@ -85,7 +87,10 @@ class StableDRLConfig(ObjectiveConfig):
     eps: float = 5.0  # ais_clip_iw, the paper's best trade-off; 100 or 1000 bring the collapse back
     clip: str = "cap"  # cap (the public code: w <= eps) | paper (w in [1 - eps, 1 + eps]) | none | ppo (GRPO's)
     normalize: str = "self"  # self | group_size
-    surrogate: str = "spg_mix"  # spg_mix (the public code's SPG bound) | elbo
+    # spg_mix (the public code's SPG bound) | elbo | null: spg_mix where the likelihood gives SPG's bound
+    # (likelihood=spg_blocks, the default; elbo with weighting=mean), elbo otherwise (staircase, the SDAR
+    # regime of the paper, has no EUBO), as the run's log says
+    surrogate: str | None = None
     eubo_beta: float = 1.5  # spg_mix only
     mix_weight: float = 0.5  # spg_mix only: weight of the EUBO for A <= 0
 
@@ -97,8 +102,8 @@ class StableDRLConfig(ObjectiveConfig):
             raise ConfigError("objective.clip", self.clip, f"allowed: {', '.join(CLIPS)}")
         if self.normalize not in ("self", "group_size"):
             raise ConfigError("objective.normalize", self.normalize, "allowed: self, group_size")
-        if self.surrogate not in ("elbo", "spg_mix"):
-            raise ConfigError("objective.surrogate", self.surrogate, "allowed: elbo, spg_mix")
+        if self.surrogate not in (None, "elbo", "spg_mix"):
+            raise ConfigError("objective.surrogate", self.surrogate, "allowed: elbo, spg_mix, null (the likelihood's)")
         if not self.eubo_beta > 0:
             raise ConfigError("objective.eubo_beta", self.eubo_beta, "must be > 0")
         if not 0 <= self.mix_weight <= 1:
@@ -169,6 +174,13 @@ def stabledrl_loss(
     return loss, metrics
 
 
+def gives_spg_bound(likelihood) -> bool:
+    """Whether ``likelihood`` draws the masks SPG's bound (ELBO and EUBO as per-token means) is computed on."""
+    if isinstance(likelihood, ELBOEstimator):
+        return likelihood.cfg.weighting == "mean"
+    return isinstance(likelihood, SPGBlocksEstimator)
+
+
 @OBJECTIVES.register("stabledrl")
 class StableDRL(Objective):
     config_class = StableDRLConfig
@@ -185,10 +197,14 @@ class StableDRL(Objective):
         if likelihood.per_token:
             raise ConfigError("likelihood.name", likelihood.cfg.name,
                               "StableDRL needs a sequence-level estimator: elbo or staircase")
-        if cfg.surrogate == "spg_mix":
+        self.surrogate = cfg.surrogate or ("spg_mix" if gives_spg_bound(likelihood) else "elbo")
+        if cfg.surrogate is None:
+            log.info("objective.surrogate=null: %s (likelihood=%s %s SPG's bound)", self.surrogate, likelihood.cfg.name,
+                     "gives" if self.surrogate == "spg_mix" else "does not give")
+        elif cfg.surrogate == "spg_mix":
             if not isinstance(likelihood, (SPGBlocksEstimator, ELBOEstimator)):
                 raise ConfigError("objective.surrogate", cfg.surrogate, "spg_mix needs likelihood=spg_blocks or elbo; "
-                                  f"with likelihood={likelihood.cfg.name} set objective.surrogate=elbo")
+                                  f"with likelihood={likelihood.cfg.name} set objective.surrogate=elbo or null")
             if isinstance(likelihood, ELBOEstimator) and likelihood.cfg.weighting != "mean":  # ELBO and EUBO must both be per-token averages
                 raise ConfigError("likelihood.weighting", likelihood.cfg.weighting,
                                   "objective.surrogate=spg_mix needs likelihood.weighting=mean (the SPG code's scale)")
@@ -199,7 +215,7 @@ class StableDRL(Objective):
         s = self.likelihood.sample(forward, *data, self.mask_seeds(ctx, role), pinned=ro.pinned)
         elbo = self.likelihood.reduce(s)  # (n,)
         surrogate = None
-        if role == "policy" and c.surrogate == "spg_mix":
+        if role == "policy" and self.surrogate == "spg_mix":
             eubo = eubo_from_logps(s.token_logps, s.masked, s.t, c.eubo_beta)
             mix = (1 - c.mix_weight) * elbo + c.mix_weight * eubo
             surrogate = torch.where(ro.advantages > 0, elbo, mix)[:, None]
