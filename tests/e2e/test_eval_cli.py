@@ -192,10 +192,10 @@ def test_policy_warmstart_uses_the_training_runs_cached_warm_start(tmp_path):
     # the file a training run with the same model, task and seed would write and reuse
     from dataclasses import asdict
 
-    from diffusion_rl.training.warmstart import WarmStartConfig
+    from diffusion_rl.training.warmstart import WarmStartConfig, numerics
 
     ws = WarmStartConfig(steps=2, batch_size=4, seed=0)
-    key = cache_key({"warmstart": asdict(ws), "gen_length": 16, **warm_start_key(cfg)})
+    key = cache_key({"warmstart": asdict(ws), "gen_length": 16, "numerics": numerics(), **warm_start_key(cfg)})
     assert (tmp_path / "cache" / "warmstart" / f"{key}.pt").is_file()
 
 

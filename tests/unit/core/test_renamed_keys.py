@@ -33,6 +33,7 @@ def test_an_old_key_is_taken_for_the_new_one_with_one_warning_line(tmp_path, cap
         read(cfg)  # a second reading does not warn again
     lines = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
     assert len(lines) == 1 and new in lines[0] and "\n" not in lines[0]
+    assert lines[0].split(" is deprecated")[0] in overrides[0]  # it names the old key (or value) the user gave
 
 
 def test_the_new_keys_do_not_warn(tmp_path, caplog, monkeypatch):
