@@ -49,4 +49,4 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     from diffusion_rl.app.cli import run_hydra_app
 
-    run_hydra_app(main, CONF)
+    run_hydra_app(main, CONF, config_name="eval")

@@ -9,6 +9,7 @@ each names an objective, task or model that exists, sets only keys that exist, a
 """
 
 import dataclasses
+import itertools
 
 import pytest
 from omegaconf import OmegaConf
@@ -104,58 +105,49 @@ def test_a_yaml_that_restated_a_default_would_be_caught():
     assert restated(own, inherited) == ["d_model", "lora_targets"]
 
 
-# ---- the overlays ------------------------------------------------------------------------------------
-OVERLAYS = [(g, p.stem) for g in ("recipe", "testbed") for p in sorted((CONF / g).glob("*.yaml"))]
+# ---- the overlays: recipe/, testbed/, experiment/, ablation/ ----------------------------------------
+OVERLAYS = [(g, p.stem) for g in ("recipe", "testbed", "experiment", "ablation") for p in sorted((CONF / g).glob("*.yaml"))]
 
 
 def overlay_choices(group: str, option: str) -> list[str]:
     """The command-line choices that select ``conf/<group>/<option>.yaml``: objective and task (recipe),
-    model and objective (testbed); the name splits where both halves are options of their groups."""
-    first, second = ("objective", "task") if group == "recipe" else ("model", "objective")
-    splits = [(option[:i], option[i + 1:]) for i, ch in enumerate(option) if ch == "_"]
-    hits = [(a, b) for a, b in splits if (CONF / first / f"{a}.yaml").exists() and (CONF / second / f"{b}.yaml").exists()]
-    assert len(hits) == 1, f"conf/{group}/{option}.yaml names no {first}_{second} pair (or several: {hits})"
-    return [f"{first}={hits[0][0]}", f"{second}={hits[0][1]}"]
-
-
-def leaves(node, prefix: str = "") -> dict:
-    if not isinstance(node, dict):
-        return {prefix: node}
-    return {k: v for key, sub in node.items() if key != "defaults" for k, v in leaves(sub, f"{prefix}{key}.").items()}
+    model and objective, and a task where the name has one (testbed: ``tiny_grpo``, ``tiny_grpo_sudoku``);
+    the experiment or ablation itself. The name splits where each part is an option of its group."""
+    if group in ("experiment", "ablation"):
+        return [f"{'+' if group == 'ablation' else ''}{group}={option}"]
+    groups = ("objective", "task") if group == "recipe" else ("model", "objective", "task")
+    hits = []
+    for n in (2, 3) if group == "testbed" else (2,):
+        for cut in itertools.combinations([i for i, ch in enumerate(option) if ch == "_"], n - 1):
+            parts = [option[i + 1:j] for i, j in zip((-1, *cut), (*cut, len(option)))]
+            if all((CONF / g / f"{p}.yaml").exists() for g, p in zip(groups, parts)):
+                hits.append([f"{g}={p}" for g, p in zip(groups, parts)])
+    assert len(hits) == 1, f"conf/{group}/{option}.yaml names no {'_'.join(groups)} choice (or several: {hits})"
+    return hits[0]
 
 
 def test_every_overlay_is_checked():
-    assert {g for g, _ in OVERLAYS} == {"recipe", "testbed"}
+    assert {g for g, _ in OVERLAYS} == {"recipe", "testbed", "experiment", "ablation"}
+    assert ("testbed", "tiny_grpo_sudoku") in OVERLAYS
 
 
 @pytest.mark.parametrize("group,option", OVERLAYS)
-def test_overlay_changes_what_it_sets_and_builds(tmp_path, group, option):
+def test_an_overlay_sets_only_what_differs_and_builds(tmp_path, group, option):
+    """Each value an overlay sets differs from the value the key has before it (no restating: a layer that
+    guards against another it cannot see), and the config it gives builds."""
+    from diffusion_rl.app.sources import config_sources
     from diffusion_rl.app.train import build
 
     choices = overlay_choices(group, option)
-    if group == "recipe":  # the testbed comes after the recipe and may set the same key for the embedded model
-        choices.append("~testbed")
-    without = OmegaConf.to_container(compose_cfg([*choices, f"~{group}"], tmp_path, tiny=False), resolve=True)
-    with_it = compose_cfg(choices, tmp_path, tiny=False)
-    build(with_it)  # every value validates
-    flat_without = {k.rstrip("."): v for k, v in leaves(without).items()}
-    for key, value in leaves(raw(group, option)).items():
-        key = key.rstrip(".")
-        if key.startswith("testbed_choices."):  # group choices on one task, taken by the app: checked apart
-            check_task_choices(tmp_path, choices, key.split(".", 1)[1], value)
-            continue
-        assert key in flat_without, f"conf/{group}/{option}.yaml sets {key}, which the config does not have"
-        assert OmegaConf.select(with_it, key) == value, f"{key}: the overlay's value does not reach the config"
-        assert flat_without[key] != value, f"conf/{group}/{option}.yaml restates {key}={value}: delete it"
-
-
-def check_task_choices(tmp_path, choices: list[str], task: str, items: list[str]) -> None:
-    """Each ``group=option`` of a testbed's ``testbed_choices.<task>`` reaches the config composed for that
-    task, and changes it."""
-    on_task = compose_cfg([*choices, f"task={task}"], tmp_path, tiny=False)
-    for item in items:
-        group, option = item.split("=")
-        chosen = compose_cfg([*choices, f"task={task}", item], tmp_path, tiny=False)
-        assert on_task[group] == chosen[group], f"testbed_choices.{task}: {item} does not reach the config"
-        without = compose_cfg([*choices, f"task={task}", "~testbed"], tmp_path, tiny=False)
-        assert without[group] != chosen[group], f"testbed_choices.{task}: {item} restates the choice: delete it"
+    label = f"conf/{group}/{option}.yaml"
+    values = config_sources(CONF, choices).values
+    mine = {k: s for k, s in values.items() if any(src == label for src, _ in s)}
+    assert mine or group == "experiment", f"{label} sets nothing for {choices}"
+    restated = []
+    for key, settings in mine.items():
+        i = max(j for j, (src, _) in enumerate(settings) if src == label)
+        value = settings[i][1]
+        if i > 0 and not (isinstance(value, str) and value.startswith("${")) and settings[i - 1][1] == value:
+            restated.append(f"{key}={value} ({settings[i - 1][0]} gives it)")
+    assert not restated, f"{label} restates {'; '.join(restated)}: delete them"
+    build(compose_cfg(choices, tmp_path, tiny=False))  # every value validates

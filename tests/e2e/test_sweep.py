@@ -65,7 +65,7 @@ def test_ablation_arms_compose_and_build(tmp_path, arm, expected):
     assert c.objective.cfg.name == "stabledrl"  # one loss; the arms differ in how they clip and normalise
     # the public code's regime whatever the testbed says: SPG's masks and bound, fresh masks, 2 updates,
     # no KL, r - mean
-    assert c.objective.likelihood.cfg.name == "spg_blocks" and c.objective.cfg.surrogate == "spg_mix"
+    assert c.objective.likelihood.cfg.name == "spg_blocks" and c.objective.surrogate == "spg_mix"
     assert (c.objective.cfg.mu, c.objective.cfg.share_masks_with_old) == (2, False)
     assert (c.objective.cfg.beta, c.advantage.cfg.name) == (0.0, "group")
     for k, v in expected.items():
@@ -155,7 +155,8 @@ def test_target_experiment_is_the_default_job_over_five_seeds(tmp_path):
     assert len(full.hydra.sweeper.params["seed"].split(",")) >= 5 and full.hydra.launcher.n_jobs == 2
     c = build(compose_cfg(["experiment=sudoku_target"], tmp_path, tiny=False))
     default = build(compose_cfg(["objective=grpo", "task=sudoku"], tmp_path / "default", tiny=False))
-    assert c.advantage.cfg.name == "per_token" and c.run.warmstart.steps == 200 and c.trainer.max_steps == 500
+    assert (c.advantage.cfg.name, c.advantage.cfg.credit, c.objective.cfg.beta) == ("group", "token", 0.002)
+    assert c.run.warmstart.steps == 200 and c.trainer.max_steps == 500
     # the default job, but for how the jobs share the machine
     assert (c.objective.cfg, c.advantage.cfg, c.sampler, c.optim, c.run.warmstart, c.trainer.max_steps) == (
         default.objective.cfg, default.advantage.cfg, default.sampler, default.optim, default.run.warmstart,
@@ -164,15 +165,20 @@ def test_target_experiment_is_the_default_job_over_five_seeds(tmp_path):
 
 
 @pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/joblib' is validated against ConfigStore schema")
-def test_each_job_of_a_sweep_runs_its_own_testbeds_choices(tmp_path):
-    """In the app, under the joblib launcher: GRPO's job on Sudoku composes again with the testbed's
-    per-cell credit, StableDRL's keeps its own advantage, and each job's .hydra/config.yaml says so."""
+def test_each_job_of_a_sweep_runs_its_own_testbed_and_keeps_its_config(tmp_path):
+    """Under the joblib launcher (jobs in worker processes): GRPO's job on Sudoku runs its testbed's per-cell
+    credit, StableDRL's its own advantage; each job's summary keeps the config its .hydra/config.yaml holds
+    and names the testbed file that set the credit."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     out = _multirun(tmp_path, ["hydra/launcher=joblib", "objective=grpo,stabledrl", "trainer.max_steps=1"])
     assert out.returncode == 0, out.stderr[-3000:]
-    for job, objective, advantage in (("0", "grpo", "per_token"), ("1", "stabledrl", "group")):
+    for job, objective, credit in (("0", "grpo", "token"), ("1", "stabledrl", "sequence")):
         folder = tmp_path / "sweep" / job
         cfg = OmegaConf.load(folder / ".hydra" / "config.yaml")
-        assert (cfg.objective.name, cfg.advantage.name) == (objective, advantage)
-        assert json.loads((folder / "summary.json").read_text())["optimizer_steps"] == 1
-    assert "testbed on sudoku: advantage=per_token" in (tmp_path / "sweep" / "0" / "train.log").read_text()
+        summary = json.loads((folder / "summary.json").read_text())
+        assert (cfg.objective.name, cfg.advantage.credit) == (objective, credit)
+        assert summary["optimizer_steps"] == 1 and summary["config"] == OmegaConf.to_container(cfg, resolve=True)
+    variant = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())["config_sources"]["variant"]
+    assert variant["conf/testbed/tiny_grpo_sudoku.yaml"]["advantage.credit"] == "token"
+    assert "conf/testbed/tiny_grpo_sudoku.yaml: advantage.credit='token'" in \
+        (tmp_path / "sweep" / "0" / "train.log").read_text()

@@ -6,11 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from diffusion_rl.app.conf_store import register_configs
-from diffusion_rl.app.testbed import compose_with_testbed
-from diffusion_rl.app.train import build
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -35,17 +33,11 @@ def tiny_for(overrides: list[str]) -> list[str]:
 
 
 def compose_cfg(overrides: list[str], tmp_path: Path, tiny: bool = True, config_name: str = "config") -> DictConfig:
-    """The config ``src/train.py`` runs for these overrides: the testbed's group choices for the task
-    included (diffusion_rl/app/testbed.py)."""
+    """The config ``src/train.py`` runs for these overrides (Hydra's compose, as ``--cfg job`` prints it)."""
     register_configs()
     full = (tiny_for(overrides) if tiny else []) + [f"paths.cache_dir={tmp_path / 'cache'}"] + overrides
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name=config_name, overrides=full, return_hydra_config=True)
-        choices = dict(cfg.hydra.runtime.choices)
-        with open_dict(cfg):
-            del cfg["hydra"]
-        check = (lambda c: build(c, meta=True)) if config_name == "config" else None
-        return compose_with_testbed(cfg, full, choices, CONF, config_name, check=check)
+        return compose(config_name=config_name, overrides=full)
 
 
 def rollout_of(prompt, pmask, comp, cmask, rewards, advantages, group_size: int, rollout_id: int = 7, **kw):

@@ -1,5 +1,8 @@
 """Shared start-up of the Hydra entry points: every user error is one line and exit status 2.
 
+- ``--explain`` on the command line prints where each value of that command's config comes from and
+  stops without running (:func:`diffusion_rl.app.sources.explain`).
+
 - :func:`run_hydra_app` runs a ``@hydra.main`` function. Hydra's own errors about the command line
   (a key that does not exist, a sweep without ``-m``, a syntax error, a missing config file) would
   print several lines and exit 1; they become one :class:`ConfigError` line (:func:`hydra_error`).
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 from diffusion_rl.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    pass
 
 T = TypeVar("T")
 # libraries that log through handlers of their own, bypassing Hydra's console and file handlers
@@ -31,8 +34,9 @@ LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "transf
 _job_started = False
 
 
-def run_hydra_app(main: Callable[[], object], conf_dir: Path) -> None:
-    """Run ``main`` (a ``@hydra.main`` function); a user error exits 2 with one line on stderr."""
+def run_hydra_app(main: Callable[[], object], conf_dir: Path, config_name: str = "config") -> None:
+    """Run ``main`` (a ``@hydra.main`` function of ``config_name``); a user error exits 2 with one line on
+    stderr. With ``--explain`` the composed config's sources are printed instead of running."""
     from diffusion_rl.core.config import check_group_choices
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -47,6 +51,9 @@ def run_hydra_app(main: Callable[[], object], conf_dir: Path) -> None:
     with exit_on_config_error():
         sys.argv[1:] = sys.argv[1:] + launcher_overrides(sys.argv[1:], os.environ)
         check_group_choices(sys.argv[1:], conf_dir)
+        if "--explain" in sys.argv[1:]:
+            print(explain_command(sys.argv, conf_dir, config_name))
+            return
         try:
             main()
         except Exception as err:
@@ -83,6 +90,35 @@ def launcher_overrides(argv: list[str], env: Mapping[str, str]) -> list[str]:
     return extra
 
 
+def explain_command(argv: list[str], conf_dir: Path, config_name: str) -> str:
+    """What ``--explain`` prints for the command line ``argv``: the config of one job (``-m`` is ignored:
+    an experiment's own sweep params are applied to each job on top of what this shows)."""
+    from diffusion_rl.app.sources import explain
+
+    overrides = [a for a in argv[1:] if a not in ("--explain", "-m", "--multirun")]
+    if flags := [a for a in overrides if a.startswith("-")]:
+        raise ConfigError("--explain", " ".join(flags), "takes the command's overrides only (key=value, group=option)")
+    if swept := [a for a in overrides if "," in a.partition("=")[2] and not a.partition("=")[2].startswith("[")]:
+        raise ConfigError(swept[0].partition("=")[0], swept[0].partition("=")[2],
+                          "--explain explains one job: give one value (a sweep's jobs differ only in it)")
+    try:
+        return explain(conf_dir, overrides, config_name, command=Path(argv[0]).as_posix())
+    except Exception as err:
+        if not _is_command_line_error(err):
+            raise
+        raise hydra_error(err, overrides) from None
+
+
+def job_sources(conf_dir: Path):
+    """Inside ``main``: where each value of this job's config came from (:mod:`diffusion_rl.app.sources`)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from diffusion_rl.app.sources import config_sources
+
+    hc = HydraConfig.get()
+    return config_sources(conf_dir, list(hc.overrides.task), hc.job.config_name or "config")
+
+
 def hydra_job(fn: Callable[[Path], T]) -> T | None:
     """Inside ``main``: run ``fn(run_dir)`` as one job of a run or a multirun (see the module docstring)."""
     from hydra.core.hydra_config import HydraConfig
@@ -97,25 +133,6 @@ def hydra_job(fn: Callable[[Path], T]) -> T | None:
     run_dir = Path(hc.runtime.output_dir)
     with exit_on_config_error():  # in a multirun a failed job writes failed.json and the sweep goes on
         return run_job(lambda: fn(run_dir), run_dir, hc.mode == RunMode.MULTIRUN)
-
-
-def with_testbed_choices(cfg: DictConfig, conf_dir: Path) -> DictConfig:
-    """Inside ``main``: ``cfg`` with the testbed's group choices for its task (:mod:`diffusion_rl.app.testbed`);
-    the run's ``.hydra/config.yaml`` then holds the config the job runs."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from diffusion_rl.app.testbed import compose_with_testbed
-    from diffusion_rl.app.train import build
-
-    hc = HydraConfig.get()
-    with exit_on_config_error():
-        out = compose_with_testbed(cfg, list(hc.overrides.task), hc.runtime.choices, conf_dir,
-                                   hc.job.config_name or "config", check=lambda c: build(c, meta=True))
-    saved = Path(hc.runtime.output_dir) / str(hc.output_subdir) / "config.yaml"
-    if out is not cfg and hc.output_subdir is not None and saved.is_file():
-        OmegaConf.save(out, saved)
-    return out
 
 
 @contextmanager

@@ -256,7 +256,10 @@ def test_spg_mix_surrogate_changes_only_nonpositive_advantages(tiny_bundle):
 def test_grpo_on_elbo_sequence_ratios(tmp_path, tiny_bundle):
     from diffusion_rl.app.train import build
 
-    c = build(compose_cfg(["objective=grpo", "likelihood=elbo"], tmp_path))
+    # one advantage per sample: the testbed's per-cell credit on Sudoku needs a per-token likelihood
+    with pytest.raises(ConfigError, match=r"advantage.credit='token' is invalid: needs a per-token likelihood"):
+        build(compose_cfg(["objective=grpo", "likelihood=elbo"], tmp_path))
+    c = build(compose_cfg(["objective=grpo", "likelihood=elbo", "advantage.credit=sequence"], tmp_path))
     assert c.objective.likelihood.per_token is False
     ro = make_rollout(tiny_bundle)
     net = tiny_bundle.net
@@ -280,10 +283,11 @@ def test_stabledrl_config_is_the_public_codes_regime_and_command_line_wins(tmp_p
     assert cfg.likelihood.name == "spg_blocks" and cfg.advantage.name == "group"
     o = cfg.objective
     assert (o.eps, o.clip, o.normalize, o.surrogate, o.mu, o.beta, o.share_masks_with_old) == \
-        (5.0, "cap", "self", "spg_mix", 2, 0.0, False)
+        (5.0, "cap", "self", None, 2, 0.0, False)
     assert (cfg.optim.lr, cfg.optim.grad_clip, cfg.optim.weight_decay, cfg.optim.decay_steps) == (1e-6, 0.2, 0.1, 2000)
     c = build(cfg)
     assert isinstance(c.objective, StableDRL) and isinstance(c.objective.likelihood, SPGBlocksEstimator)
+    assert c.objective.surrogate == "spg_mix"  # null takes the public code's bound where the masks give it
     assert isinstance(build(compose_cfg(["objective=stabledrl", "likelihood=elbo"], tmp_path)).objective.likelihood,
                       ELBOEstimator)
     cfg = compose_cfg(["objective=stabledrl", "likelihood=one_step"], tmp_path)
@@ -296,15 +300,20 @@ def test_stabledrl_config_is_the_public_codes_regime_and_command_line_wins(tmp_p
 def test_stabledrl_config_errors_name_the_key(tmp_path):
     from diffusion_rl.app.train import build
 
+    spg_mix = "objective.surrogate=spg_mix"  # an explicit choice the likelihood cannot take is refused
     for overrides, key in ((["objective.eps=-1"], "objective.eps"), (["objective.clip=soft"], "objective.clip"),
                            (["objective.normalize=batch"], "objective.normalize"),
-                           (["likelihood=elbo", "likelihood.weighting=inverse_t"], "likelihood.weighting"),
-                           (["model=tiny_block", "likelihood=staircase"], "objective.surrogate")):
+                           (["objective.surrogate=eubo"], "objective.surrogate"),
+                           (["likelihood=elbo", "likelihood.weighting=inverse_t", spg_mix], "likelihood.weighting"),
+                           (["model=tiny_block", "likelihood=staircase", spg_mix], "objective.surrogate")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             build(compose_cfg(["objective=stabledrl", *overrides], tmp_path))
-    build(compose_cfg(["objective=stabledrl", "likelihood=elbo"], tmp_path))  # the ELBO's default weighting fits spg_mix
-    build(compose_cfg(["objective=stabledrl", "model=tiny_block", "likelihood=staircase", "objective.surrogate=elbo"],
-                      tmp_path))
+    # by default the surrogate is the likelihood's: SPG's bound where its masks give it, the ELBO otherwise
+    for overrides, surrogate in ((["likelihood=elbo"], "spg_mix"),
+                                 (["likelihood=elbo", "likelihood.weighting=inverse_t"], "elbo"),
+                                 (["model=tiny_block", "likelihood=staircase"], "elbo"),
+                                 (["model=tiny_block", "likelihood=staircase", "objective.surrogate=elbo"], "elbo")):
+        assert build(compose_cfg(["objective=stabledrl", *overrides], tmp_path)).objective.surrogate == surrogate
 
 
 def test_grpo_on_elbo_can_draw_fresh_masks(tmp_path, tiny_bundle):
