@@ -1,5 +1,5 @@
-"""What every objective shares: one policy-loss signature, the step context and
-the helpers every loss uses (``kl_penalty``, ``agg_loss``, ``ratio_metrics``; verl's ``core_algos``).
+"""What every objective shares: one policy-loss signature, the step context and the template that
+calls the loss (the tensor helpers every loss uses, verl's ``core_algos``, are ``rl/objectives/losses.py``).
 
 An objective turns one rollout batch into a scalar loss for one inner update, in three parts:
 
@@ -52,12 +52,12 @@ from diffusion_rl.rl.objectives.behaviour import (
     mismatch_metrics,
     tis_weights,
 )
+from diffusion_rl.rl.objectives.losses import agg_loss, kl_penalty
 from diffusion_rl.sampling.sampler import SamplerConfig
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "group-token-mean")
 _FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share_masks_with_old=false)
 
 
@@ -146,62 +146,6 @@ class StepContext:
     # rollout): old log-probs scored like the policy's are then the policy's own (old_logp_like_policy)
     policy_is_old: bool = False
     step: int = 0  # optimizer steps taken before this update (a schedule over training: d-TreeRPO's)
-
-
-# ---- shared loss helpers ----------------------------------------------------------------
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """The k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` per unit (>= 0, unbiased for KL(pi || ref))."""
-    d = ref_logp.detach() - logp
-    return torch.exp(d) - d - 1
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp_min(1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
-
-
-def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str = "seq-mean-token-mean",
-             group_size: int = 0) -> torch.Tensor:
-    """Reduce per-unit values ``(B, ..., U)`` to a scalar.
-
-    ``token-mean``: mean over every unit that counts; ``seq-mean-token-mean``: mean over each row's
-    units (the last dimension), then over rows (GRPO's ``1/|o|``); ``seq-mean-token-sum``: sum over
-    each row's units, mean over rows; ``group-token-mean``: mean over every unit of a prompt's group of
-    ``group_size`` rows, then over groups (d1's token mean over a micro-batch of one group). Units
-    outside ``mask`` never count, whatever they hold.
-    """
-    if mode == "group-token-mean":
-        if group_size < 1 or values.shape[0] % group_size:
-            raise ValueError(f"group-token-mean needs rows in whole groups, got {values.shape[0]} rows, group {group_size}")
-        groups = values.shape[0] // group_size
-        return agg_loss(values.reshape(groups, -1), mask.reshape(groups, -1), "seq-mean-token-mean")
-    m = mask.to(values.dtype)
-    v = torch.where(mask.bool(), values, torch.zeros_like(values))
-    if mode == "token-mean":
-        return v.sum() / m.sum().clamp_min(1)
-    if mode == "seq-mean-token-mean":
-        return (v.sum(-1) / m.sum(-1).clamp_min(1)).mean()
-    if mode == "seq-mean-token-sum":
-        return v.sum(-1).mean()
-    raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGG_MODES)}")
-
-
-def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, clipped_low: torch.Tensor,
-                  clipped_high: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``ratio/log_mean|log_std|log_min|log_max`` over the units that count, and the fractions of
-    them clipped below / above (``ratio/clip_frac_low|high``). All (B, U); detached."""
-    with torch.no_grad():
-        m = mask.bool()
-        vals = log_ratio.detach()[m] if bool(m.any()) else log_ratio.new_zeros(1)
-        return {
-            "ratio/log_mean": vals.mean(),
-            "ratio/log_std": vals.std() if vals.numel() > 1 else vals.new_zeros(()),
-            "ratio/log_min": vals.min(),
-            "ratio/log_max": vals.max(),
-            "ratio/clip_frac_low": masked_mean(clipped_low.float(), mask.float()),
-            "ratio/clip_frac_high": masked_mean(clipped_high.float(), mask.float()),
-        }
 
 
 def as_units(advantages: torch.Tensor) -> torch.Tensor:

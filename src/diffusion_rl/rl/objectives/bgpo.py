@@ -74,10 +74,8 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
-    agg_loss,
-    masked_mean,
-    ratio_metrics,
 )
+from diffusion_rl.rl.objectives.losses import agg_loss, masked_mean, ratio_metrics
 
 
 @dataclass

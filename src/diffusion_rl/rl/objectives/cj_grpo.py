@@ -79,9 +79,8 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
-    kl_penalty,
-    ratio_metrics,
 )
+from diffusion_rl.rl.objectives.losses import kl_penalty, ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 AGGS = ("group", "sample")

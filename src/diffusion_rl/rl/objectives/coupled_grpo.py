@@ -45,8 +45,9 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.rl.objectives.base import OBJECTIVES, agg_loss, ratio_metrics
-from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig, clipped_surrogate
+from diffusion_rl.rl.objectives.base import OBJECTIVES
+from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
+from diffusion_rl.rl.objectives.losses import agg_loss, clipped_surrogate, ratio_metrics
 
 
 @dataclass

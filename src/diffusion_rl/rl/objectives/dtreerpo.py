@@ -73,9 +73,8 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
-    agg_loss,
-    ratio_metrics,
 )
+from diffusion_rl.rl.objectives.losses import agg_loss, ratio_metrics
 from diffusion_rl.sampling.sampler import completion_mask
 
 DISTILL_EPS = 1e-8  # the public q normaliser and log guard

@@ -56,9 +56,8 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
-    ratio_metrics,
 )
-from diffusion_rl.rl.objectives.grpo import clipped_surrogate
+from diffusion_rl.rl.objectives.losses import clipped_surrogate, ratio_metrics
 
 
 @dataclass

@@ -33,16 +33,14 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.rl.objectives.base import (
-    AGG_MODES,
     OBJECTIVES,
     Forward,
     LogpUnits,
     Objective,
     ObjectiveConfig,
     StepContext,
-    agg_loss,
-    ratio_metrics,
 )
+from diffusion_rl.rl.objectives.losses import AGG_MODES, agg_loss, clipped_surrogate, ratio_metrics
 
 
 @dataclass
@@ -86,18 +84,6 @@ def grpo_loss(
     per_unit, low, high = clipped_surrogate(log_ratio, advantages, cfg.eps, cfg.eps_high)  # (B, U) each
     loss = agg_loss(per_unit, mask, cfg.agg, group_size)
     return loss, ratio_metrics(log_ratio, mask, low, high)
-
-
-def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, eps: float,
-                      eps_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO's conditional clip per unit, ``-min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)`` with
-    ``rho = exp(log_ratio)``, and the units where the clip holds the gradient (below with ``A < 0``,
-    above with ``A > 0``). (B, U) and (B, U) or (B, 1) -> three (B, U); shared by the objectives
-    whose ratios are clipped this way (GRPO and EGSPO through :func:`grpo_loss`, coupled-GRPO, ESPO)."""
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - eps, 1 + eps_high)
-    per_unit = -torch.min(ratio * advantages, clipped * advantages)
-    return per_unit, (ratio < 1 - eps) & (advantages < 0), (ratio > 1 + eps_high) & (advantages > 0)
 
 
 @OBJECTIVES.register("grpo")

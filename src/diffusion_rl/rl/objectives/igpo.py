@@ -75,10 +75,8 @@ from diffusion_rl.rl.objectives.base import (
     ObjectiveConfig,
     RolloutTools,
     StepContext,
-    agg_loss,
-    ratio_metrics,
 )
-from diffusion_rl.rl.objectives.grpo import clipped_surrogate
+from diffusion_rl.rl.objectives.losses import agg_loss, clipped_surrogate, ratio_metrics
 from diffusion_rl.sampling.sampler import completion_mask
 
 _FRAC_SALT, _CHUNK_SALT, _PICK_SALT = 0x1690, 0x1691, 0x1692

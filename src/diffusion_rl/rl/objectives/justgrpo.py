@@ -80,8 +80,8 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
-    ratio_metrics,
 )
+from diffusion_rl.rl.objectives.losses import ratio_metrics
 from diffusion_rl.sampling.sampler import SamplerConfig
 
 TOKENS = ("all", "scored")
@@ -149,8 +149,7 @@ def justgrpo_loss(
         metrics = {"justgrpo/nonzero_adv_frac": valid.mean(),
                    "justgrpo/tokens_per_sample": m.float().sum(-1).mean()}
         if old_logp is not None:
-            none = torch.zeros_like(m)
-            metrics.update(ratio_metrics(lp - old_logp.float(), m, none, none))
+            metrics.update(ratio_metrics(lp - old_logp.float(), m))  # a diagnostic: nothing is clipped
     return loss, metrics
 
 

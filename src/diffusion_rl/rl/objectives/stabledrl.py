@@ -68,8 +68,8 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
-    ratio_metrics,
 )
+from diffusion_rl.rl.objectives.losses import ratio_metrics
 
 log = logging.getLogger(__name__)
 CLIPS = ("cap", "paper", "none", "ppo")

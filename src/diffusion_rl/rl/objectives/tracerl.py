@@ -92,8 +92,8 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
-    ratio_metrics,
 )
+from diffusion_rl.rl.objectives.losses import ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 NORMS = ("auto", "block", "masked")
