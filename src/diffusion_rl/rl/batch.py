@@ -98,6 +98,14 @@ class Rollout:
                                for f in fields(self) if f.name not in self.NOT_PER_ROW})
 
     @property
+    def unpinned_mask(self) -> torch.Tensor:
+        """(n, L) every completion position, the EOS padding after the first EOS included, but the task's
+        pinned ones, which are context: the whole generated sequence (ESPO's and BGPO's
+        ``elbo_tokens=all``, JustGRPO's ``tokens=all``)."""
+        every = torch.ones_like(self.completion_mask)
+        return every if self.pinned is None else every * (~self.pinned).to(every.dtype)
+
+    @property
     def scored_mask(self) -> torch.Tensor:
         """(n, L) the tokens the policy gradient acts on: up to the first EOS, not pinned and, with
         ``task.loss_mask=reward``, read by the reward."""

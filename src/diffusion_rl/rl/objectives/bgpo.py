@@ -161,10 +161,7 @@ class BGPO(Objective):
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the copies mask from and the token mean counts (``elbo_tokens``)."""
         ro = ctx.rollout
-        if self.cfg.elbo_tokens != "all":
-            return ro.scored_mask
-        every = torch.ones_like(ro.completion_mask)
-        return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)  # pinned tokens are context
+        return ro.unpinned_mask if self.cfg.elbo_tokens == "all" else ro.scored_mask
 
     def mask_seeds(self, ctx: StepContext, role: str) -> list[int]:
         """The rollout's masks for every inner update (DARE draws them once per batch); fresh ones for

@@ -131,10 +131,7 @@ class ESPO(Objective):
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the ELBO covers (``elbo_tokens``)."""
         ro = ctx.rollout
-        if self.cfg.elbo_tokens != "all":
-            return ro.scored_mask
-        every = torch.ones_like(ro.completion_mask)
-        return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)  # pinned tokens are context
+        return ro.unpinned_mask if self.cfg.elbo_tokens == "all" else ro.scored_mask
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout

@@ -191,10 +191,7 @@ class JustGRPO(Objective):
     def tokens(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) float: the positions scored."""
         ro = ctx.rollout
-        if self.cfg.tokens == "scored":
-            return ro.scored_mask
-        every = torch.ones_like(ro.completion_mask)
-        return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)
+        return ro.scored_mask if self.cfg.tokens == "scored" else ro.unpinned_mask
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout
