@@ -92,6 +92,15 @@ class ObjectiveConfig:
             raise ConfigError("objective.tis_cap", self.tis_cap, "must be >= 1")
 
 
+def check_clip(eps: float, eps_high: float | None = None) -> None:
+    """PPO's clip range ``[1 - eps, 1 + eps_high]`` (``eps_high=None``: one ``eps`` both sides), the same
+    check for every objective that clips its ratio: ``0 < eps < 1``, ``eps_high > 0``."""
+    if not 0 < eps < 1:
+        raise ConfigError("objective.eps", eps, "must be in (0, 1)")
+    if eps_high is not None and eps_high <= 0:
+        raise ConfigError("objective.eps_high", eps_high, "must be > 0")
+
+
 @dataclass
 class LogpUnits:
     """Log-likelihood units of the rollout's samples under one policy (what :meth:`Objective.logp_units` gives)."""

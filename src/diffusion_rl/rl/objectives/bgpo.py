@@ -74,6 +74,7 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
+    check_clip,
 )
 from diffusion_rl.rl.objectives.losses import agg_loss, masked_mean, ratio_metrics
 
@@ -94,10 +95,7 @@ class BGPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
+        check_clip(self.eps, self.eps_high)
         if not self.dual_clip > 1:
             raise ConfigError("objective.dual_clip", self.dual_clip, "must be > 1 (DARE asserts it)")
         if self.elbo_tokens not in ("all", "completion"):

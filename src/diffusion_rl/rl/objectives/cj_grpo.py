@@ -79,6 +79,7 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
+    check_clip,
 )
 from diffusion_rl.rl.objectives.losses import kl_penalty, ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
@@ -102,8 +103,7 @@ class CJGRPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
+        check_clip(self.eps)
         if self.agg not in AGGS:
             raise ConfigError("objective.agg", self.agg, f"allowed: {', '.join(AGGS)}")
         if self.old_logp not in OLD_LOGPS:

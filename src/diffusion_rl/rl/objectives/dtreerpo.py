@@ -73,6 +73,7 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
+    check_clip,
 )
 from diffusion_rl.rl.objectives.losses import agg_loss, ratio_metrics
 from diffusion_rl.sampling.sampler import completion_mask
@@ -96,8 +97,7 @@ class DTreeRPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
+        check_clip(self.eps)
         for key in ("lambda_max", "gamma", "tau_max", "tau_power"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"objective.{key}", getattr(self, key), "must be > 0")

@@ -56,6 +56,7 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
+    check_clip,
 )
 from diffusion_rl.rl.objectives.losses import clipped_surrogate, ratio_metrics
 
@@ -73,10 +74,7 @@ class ESPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
+        check_clip(self.eps, self.eps_high)
         if self.elbo_tokens not in ("all", "completion"):
             raise ConfigError("objective.elbo_tokens", self.elbo_tokens, "allowed: all, completion")
         if self.behaviour_correction != "none":

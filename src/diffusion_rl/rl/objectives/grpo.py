@@ -39,6 +39,7 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
+    check_clip,
 )
 from diffusion_rl.rl.objectives.losses import AGG_MODES, agg_loss, clipped_surrogate, ratio_metrics
 
@@ -63,10 +64,7 @@ class GRPOConfig(ObjectiveConfig):
             raise ConfigError("objective.agg", self.agg, f"allowed: {', '.join(AGG_MODES)}")
         if self.kl_tokens not in ("completion", "ignored"):
             raise ConfigError("objective.kl_tokens", self.kl_tokens, "allowed: completion, ignored")
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
+        check_clip(self.eps, self.eps_high)
 
 
 def grpo_loss(

@@ -75,6 +75,7 @@ from diffusion_rl.rl.objectives.base import (
     ObjectiveConfig,
     RolloutTools,
     StepContext,
+    check_clip,
 )
 from diffusion_rl.rl.objectives.losses import agg_loss, clipped_surrogate, ratio_metrics
 from diffusion_rl.sampling.sampler import completion_mask
@@ -101,10 +102,7 @@ class IGPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
+        check_clip(self.eps, self.eps_high)
         if not 0 <= self.hint_frac_low <= self.hint_frac_high <= 1:
             raise ConfigError("objective.hint_frac_high", self.hint_frac_high,
                               f"needs 0 <= hint_frac_low ({self.hint_frac_low}) <= hint_frac_high <= 1")

@@ -92,6 +92,7 @@ from diffusion_rl.rl.objectives.base import (
     Objective,
     ObjectiveConfig,
     StepContext,
+    check_clip,
 )
 from diffusion_rl.rl.objectives.losses import ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
@@ -127,8 +128,7 @@ class TraceRLConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
+        check_clip(self.eps)
         if self.beta_old < 0:
             raise ConfigError("objective.beta_old", self.beta_old, "must be >= 0")
         if self.kl_estimator not in KL_ESTIMATORS:
