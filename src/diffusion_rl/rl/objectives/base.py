@@ -101,6 +101,28 @@ def check_clip(eps: float, eps_high: float | None = None) -> None:
         raise ConfigError("objective.eps_high", eps_high, "must be > 0")
 
 
+@dataclass(frozen=True)
+class LikelihoodNeed:
+    """What an objective needs of its likelihood estimator (``likelihood=``), checked when the objective is
+    built: an estimator that does not fit stops the run in one line naming ``likelihood.name``, with
+    ``why`` (what the objective does, and what to set). ``per_token``: per-token log-probs; ``one_step``:
+    ``likelihood=one_step`` alone, for an objective that scores units of its own (decoding rounds,
+    transitions, tree edges) and reads nothing of the estimator but its mask token; ``kinds``: one of
+    these estimator classes."""
+
+    why: str
+    per_token: bool = False
+    one_step: bool = False
+    kinds: tuple[type, ...] = ()
+
+    def check(self, likelihood: Any) -> None:
+        fits = ((likelihood.per_token or not self.per_token)
+                and (getattr(likelihood.cfg, "name", "one_step") == "one_step" or not self.one_step)
+                and (isinstance(likelihood, self.kinds) or not self.kinds))
+        if not fits:
+            raise ConfigError("likelihood.name", likelihood.cfg.name, self.why)
+
+
 @dataclass
 class LogpUnits:
     """Log-likelihood units of the rollout's samples under one policy (what :meth:`Objective.logp_units` gives)."""
@@ -177,11 +199,14 @@ class Objective(ABC):
     # the recorder also keeps the sampler's one-step prediction at every step and its confidences (MDPO)
     needs_predictions: ClassVar[bool] = False
     kl_agg: str = "seq-mean-token-mean"  # how the KL units reduce to the penalty (agg_loss's modes)
+    needs_likelihood: ClassVar[LikelihoodNeed | None] = None  # what it needs of the estimator (None: any)
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):
         cfg.validate()
         self.cfg = cfg
         self.likelihood = likelihood
+        if self.needs_likelihood is not None:
+            self.needs_likelihood.check(likelihood)
 
     def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
         """Check the objective fits the policy (a :class:`PolicyBundle`) and read what it needs from it

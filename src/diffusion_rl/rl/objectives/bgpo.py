@@ -70,6 +70,7 @@ from diffusion_rl.likelihood.even_counts import EvenCountsEstimator, copy_estima
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LikelihoodNeed,
     LogpUnits,
     Objective,
     ObjectiveConfig,
@@ -150,11 +151,8 @@ class BGPO(Objective):
     policy_loss = staticmethod(bgpo_loss)
     likelihood: EvenCountsEstimator
 
-    def __init__(self, cfg: BGPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if not isinstance(likelihood, EvenCountsEstimator):
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "bgpo scores its masked copies one at a time: use likelihood=even_counts")
+    needs_likelihood = LikelihoodNeed("bgpo scores its masked copies one at a time: use likelihood=even_counts",
+                                      kinds=(EvenCountsEstimator,))
 
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the copies mask from and the token mean counts (``elbo_tokens``)."""

@@ -75,6 +75,7 @@ from diffusion_rl.likelihood.stepwise import stepwise_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LikelihoodNeed,
     LogpUnits,
     Objective,
     ObjectiveConfig,
@@ -167,13 +168,8 @@ class CJGRPO(Objective):
     policy_loss = staticmethod(cj_grpo_loss)
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "zscore", "per_token")
     needs_trajectory = True
-
-    def __init__(self, cfg: CJGRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=cj_grpo scores the rollout's own transitions (likelihood/stepwise.py); "
-                              "leave likelihood at one_step")
+    needs_likelihood = LikelihoodNeed("objective=cj_grpo scores the rollout's own transitions "
+                                      "(likelihood/stepwise.py); leave likelihood at one_step", one_step=True)
 
     # ---- rollout time -------------------------------------------------------------------
     def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,

@@ -42,8 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.rl.objectives.base import OBJECTIVES
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LikelihoodNeed
 from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig, grpo_loss
 
 
@@ -66,9 +65,5 @@ class CoupledGRPO(GRPO):
     config_class = CoupledGRPOConfig
     cfg: CoupledGRPOConfig
     policy_loss = staticmethod(coupled_grpo_loss)
-
-    def __init__(self, cfg: CoupledGRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if not likelihood.per_token:
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "coupled_grpo scores per token: use complementary (its own), one_step or stratified")
+    needs_likelihood = LikelihoodNeed(
+        "coupled_grpo scores per token: use complementary (its own), one_step or stratified", per_token=True)

@@ -69,6 +69,7 @@ from diffusion_rl.likelihood.trace import masked_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LikelihoodNeed,
     LogpUnits,
     Objective,
     ObjectiveConfig,
@@ -192,14 +193,9 @@ class DTreeRPO(Objective):
     # the rollout's leaf advantages are not used: the edges' come from the tree (rl/tree.py)
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     needs_tree = True
-
-    def __init__(self, cfg: DTreeRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=dtreerpo scores each edge on its parent state in one forward; "
-                              "leave likelihood at one_step")
-        self.eos_id: int | None = None
+    needs_likelihood = LikelihoodNeed("objective=dtreerpo scores each edge on its parent state in one forward; "
+                                      "leave likelihood at one_step", one_step=True)
+    eos_id: int | None = None  # the model's (bind)
 
     def bind(self, bundle) -> None:
         self.eos_id = int(bundle.eos_token_id)

@@ -52,6 +52,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LikelihoodNeed,
     LogpUnits,
     Objective,
     ObjectiveConfig,
@@ -120,11 +121,8 @@ class ESPO(Objective):
     cfg: ESPOConfig
     policy_loss = staticmethod(espo_loss)
 
-    def __init__(self, cfg: ESPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if not likelihood.per_token:
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "espo sums per-position terms: use stratified (its own), complementary or one_step")
+    needs_likelihood = LikelihoodNeed(
+        "espo sums per-position terms: use stratified (its own), complementary or one_step", per_token=True)
 
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the ELBO covers (``elbo_tokens``)."""

@@ -76,6 +76,7 @@ from diffusion_rl.likelihood.left_to_right import left_to_right_logps
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LikelihoodNeed,
     LogpUnits,
     Objective,
     ObjectiveConfig,
@@ -159,12 +160,8 @@ class JustGRPO(Objective):
     cfg: JustGRPOConfig
     policy_loss = staticmethod(justgrpo_loss)
 
-    def __init__(self, cfg: JustGRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=justgrpo scores each token given the tokens before it "
-                              "(likelihood/left_to_right.py); leave likelihood at one_step")
+    needs_likelihood = LikelihoodNeed("objective=justgrpo scores each token given the tokens before it "
+                                      "(likelihood/left_to_right.py); leave likelihood at one_step", one_step=True)
 
     def bind(self, bundle) -> None:
         if bundle.block_size:

@@ -88,6 +88,7 @@ from diffusion_rl.likelihood.trace import (
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LikelihoodNeed,
     LogpUnits,
     Objective,
     ObjectiveConfig,
@@ -219,14 +220,9 @@ class TraceRL(Objective):
     advantage_estimators: ClassVar[tuple[str, ...]] = ("zscore", "group", "group_std", "loo", "per_token")
     needs_trajectory = True
     kl_agg = "token-mean"  # the optional reference KL (beta > 0): mean over every trained token
-
-    def __init__(self, cfg: TraceRLConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=tracerl scores the rollout's own decoding rounds (likelihood/trace.py); "
-                              "leave likelihood at one_step")
-        self.block_size = 0  # the model's (bind): 0 = masked diffusion
+    needs_likelihood = LikelihoodNeed("objective=tracerl scores the rollout's own decoding rounds "
+                                      "(likelihood/trace.py); leave likelihood at one_step", one_step=True)
+    block_size = 0  # the model's (bind): 0 = masked diffusion
 
     def bind(self, bundle) -> None:
         self.block_size = int(bundle.block_size)

@@ -48,6 +48,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
     Forward,
+    LikelihoodNeed,
     LogpUnits,
     Objective,
     ObjectiveConfig,
@@ -112,11 +113,8 @@ class WD1(Objective):
     cfg: WD1Config
     policy_loss = staticmethod(wd1_loss)
 
-    def __init__(self, cfg: WD1Config, likelihood):
-        super().__init__(cfg, likelihood)
-        if not likelihood.per_token:
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "wd1 sums per-token log-probs: it needs a per-token estimator (one_step, d1's)")
+    needs_likelihood = LikelihoodNeed(
+        "wd1 sums per-token log-probs: it needs a per-token estimator (one_step, d1's)", per_token=True)
 
     def needs_old_logp(self) -> bool:
         return self.cfg.ratio_diagnostic
