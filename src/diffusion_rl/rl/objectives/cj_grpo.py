@@ -72,16 +72,9 @@ import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.stepwise import stepwise_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LikelihoodNeed,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    check_clip,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
 from diffusion_rl.rl.objectives.losses import kl_penalty, ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 

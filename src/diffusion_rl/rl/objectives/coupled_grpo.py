@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffusion_rl.rl.objectives.base import OBJECTIVES, LikelihoodNeed
+from diffusion_rl.rl.objectives.base import OBJECTIVES
+from diffusion_rl.rl.objectives.config import LikelihoodNeed
 from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig, grpo_loss
 
 

@@ -56,7 +56,8 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.likelihood.stepwise import stepwise_logps
-from diffusion_rl.rl.objectives.base import OBJECTIVES, Forward, LogpUnits, Objective, StepContext
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.grpo import GRPOConfig, grpo_loss
 from diffusion_rl.rl.objectives.losses import masked_mean
 from diffusion_rl.rl.objectives.selectors import SELECTORS, steps_up_to

@@ -32,15 +32,9 @@ import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood import LIKELIHOODS
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    check_clip,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig, check_clip
 from diffusion_rl.rl.objectives.losses import AGG_MODES, agg_loss, clipped_surrogate, ratio_metrics
 
 

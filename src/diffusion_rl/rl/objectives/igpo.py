@@ -66,17 +66,16 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.likelihood.base import show_pinned
+from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
-    Forward,
     LogpUnits,
     Objective,
-    ObjectiveConfig,
     RolloutTools,
     StepContext,
-    check_clip,
 )
+from diffusion_rl.rl.objectives.config import ObjectiveConfig, check_clip
 from diffusion_rl.rl.objectives.losses import agg_loss, clipped_surrogate, ratio_metrics
 from diffusion_rl.sampling.sampler import completion_mask
 

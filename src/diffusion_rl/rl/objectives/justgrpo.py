@@ -73,15 +73,9 @@ import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.left_to_right import left_to_right_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LikelihoodNeed,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
 from diffusion_rl.rl.objectives.losses import ratio_metrics
 from diffusion_rl.sampling.sampler import SamplerConfig
 

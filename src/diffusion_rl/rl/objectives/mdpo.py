@@ -84,14 +84,9 @@ import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import token_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig
 from diffusion_rl.rl.objectives.losses import masked_mean, ratio_metrics
 from diffusion_rl.rl.objectives.selectors import top_k_steps
 from diffusion_rl.sampling.sampler import logits_at

@@ -51,14 +51,9 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import ELBOEstimator, ELBOSample, elbo_from_logps, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig
 from diffusion_rl.rl.objectives.losses import agg_loss, masked_mean, ratio_metrics
 
 NEGATIVE_BOUNDS = ("eubo", "mix", "elbo", "zero")

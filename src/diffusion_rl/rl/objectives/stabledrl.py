@@ -61,14 +61,9 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import ELBOEstimator, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig
 from diffusion_rl.rl.objectives.losses import ratio_metrics
 
 log = logging.getLogger(__name__)

@@ -85,16 +85,9 @@ from diffusion_rl.likelihood.trace import (
     row_masks,
     trace_rounds,
 )
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LikelihoodNeed,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    check_clip,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
 from diffusion_rl.rl.objectives.losses import ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 

@@ -45,15 +45,9 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LikelihoodNeed,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
 from diffusion_rl.rl.objectives.losses import ratio_metrics
 
 
