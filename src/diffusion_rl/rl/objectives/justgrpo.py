@@ -76,7 +76,7 @@ from diffusion_rl.likelihood.left_to_right import left_to_right_logps
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
-from diffusion_rl.rl.objectives.losses import ratio_metrics
+from diffusion_rl.rl.objectives.losses import check_per_sample, ratio_metrics
 from diffusion_rl.sampling.sampler import SamplerConfig
 
 TOKENS = ("all", "scored")
@@ -121,8 +121,7 @@ def justgrpo_loss(
     surrogate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """JustGRPO's on-policy REINFORCE loss and its metrics; a pure function of tensors (``surrogate`` unused)."""
-    if advantages.dim() == 2 and advantages.shape[1] != 1:
-        raise ValueError(f"justgrpo needs one advantage per sample, got {tuple(advantages.shape)}")
+    check_per_sample(advantages, "justgrpo")
     B, L = logp.shape
     if B % group_size:
         raise ValueError(f"justgrpo needs rows in whole groups, got {B} rows, group {group_size}")

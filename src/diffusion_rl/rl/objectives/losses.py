@@ -62,6 +62,12 @@ def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, eps: fl
     return per_unit, (ratio < 1 - eps) & (advantages < 0), (ratio > 1 + eps_high) & (advantages > 0)
 
 
+def check_per_sample(advantages: torch.Tensor, objective: str) -> None:
+    """Refuse per-unit advantages in a loss that weighs whole samples: (B,) or (B, 1) pass, (B, U) raises."""
+    if advantages.dim() == 2 and advantages.shape[1] != 1:
+        raise ValueError(f"{objective} needs one advantage per sample, got {tuple(advantages.shape)}")
+
+
 def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, clipped_low: torch.Tensor | None = None,
                   clipped_high: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``ratio/log_mean|log_std|log_min|log_max`` over the units that count, and the fractions of

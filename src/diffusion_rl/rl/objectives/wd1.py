@@ -48,7 +48,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
-from diffusion_rl.rl.objectives.losses import ratio_metrics
+from diffusion_rl.rl.objectives.losses import check_per_sample, ratio_metrics
 
 
 @dataclass
@@ -83,8 +83,7 @@ def wd1_loss(
     surrogate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """wd1's weighted log-likelihood loss and its metrics; a pure function of tensors (``surrogate`` unused)."""
-    if advantages.dim() == 2 and advantages.shape[1] != 1:
-        raise ValueError(f"wd1 needs one advantage per sample, got {tuple(advantages.shape)}")
+    check_per_sample(advantages, "wd1")
     G = group_size
     seq = torch.where(mask.bool(), logp.float(), torch.zeros_like(logp, dtype=torch.float)).sum(-1)  # (B,) S_i
     S = seq.reshape(-1, G)  # (B/G, G)
