@@ -48,7 +48,7 @@ from diffusion_rl.core.registry import Registry
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.batch import Rollout
-from diffusion_rl.rl.objectives.behaviour import mismatch_metrics, tis_weights
+from diffusion_rl.rl.objectives.behaviour import behaviour_correction
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
 from diffusion_rl.rl.objectives.losses import agg_loss, kl_penalty
 from diffusion_rl.sampling.sampler import SamplerConfig
@@ -310,9 +310,11 @@ class Objective(ABC):
         g = ro.shard.gather  # every process's rows (identity on one process)
         surrogate = None if s.surrogate is None else g(s.surrogate)
         old = None if old is None else g(old)
-        adv, behaviour = self.corrected_advantages(ctx, old, g(s.mask))
-        loss, metrics = self.policy_loss(g(s.logp), old, adv, g(s.mask), c,
-                                         group_size=ro.group_size, surrogate=surrogate)
+        mask, adv = g(s.mask), g(self.unit_advantages(ctx))
+        q = None if old is None else self.sampler_units(ctx)  # the sampler's units: only against old ones
+        adv, behaviour = behaviour_correction(adv, old, None if q is None else g(q), mask, c.behaviour_correction,
+                                              c.tis_cap)
+        loss, metrics = self.policy_loss(g(s.logp), old, adv, mask, c, group_size=ro.group_size, surrogate=surrogate)
         metrics.update(behaviour)
         if ref is not None:
             kl = self.kl_term(s, ref, g, ro.group_size)
@@ -336,27 +338,3 @@ class Objective(ABC):
         squared ELBO difference per sequence); ``gather`` gives every process's rows."""
         units, mask = policy.kl_units()
         return agg_loss(gather(kl_penalty(units, ref.kl_units()[0])), gather(mask), self.kl_agg, group_size)
-
-    def corrected_advantages(self, ctx: StepContext, old: torch.Tensor | None,
-                             mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The global batch's advantages, times the truncated importance weights with
-        ``behaviour_correction=tis``, and the mismatch metrics. ``old`` and ``mask`` (N, U) gathered;
-        ``old=None`` (the old policy was not scored): no mismatch to measure."""
-        c, g = self.cfg, ctx.rollout.shard.gather
-        adv = g(self.unit_advantages(ctx))
-        if old is None:
-            if c.behaviour_correction != "none":  # needs_old_logp() must say True then
-                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the behaviour "
-                                   "policy's values, which this objective did not compute")
-            return adv, {}
-        q = self.sampler_units(ctx)
-        if q is None:
-            if c.behaviour_correction != "none":
-                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the sampler's "
-                                   "log-probabilities, which this rollout does not carry")
-            return adv, {}
-        mismatch = g(q).to(old.dtype) - old.detach()  # (N, U) log q - log pi_old
-        if c.behaviour_correction == "none":
-            return adv, mismatch_metrics(mismatch, mask)
-        w = tis_weights(mismatch, c.tis_cap)  # (N, U)
-        return adv * w, mismatch_metrics(mismatch, mask, w, c.tis_cap)

@@ -69,6 +69,7 @@ from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.even_counts import EvenCountsEstimator, copy_estimates
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.behaviour import behaviour_correction
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
 from diffusion_rl.rl.objectives.losses import agg_loss, masked_mean, ratio_metrics
 
@@ -218,7 +219,9 @@ class BGPO(Objective):
                 with torch.no_grad():
                     new_all, old_cat, mask_all = torch.cat(news, 1), torch.cat(olds, 1), torch.cat(masks, 1)
                     _, metrics = self.policy_loss(new_all, old_cat, adv, mask_all, c, group_size=ro.group_size)
-                    metrics.update(self.corrected_advantages(ctx, old_cat, mask_all)[1])
+                    q = self.sampler_units(ctx)  # (n, 1, 1) or None
+                    metrics.update(behaviour_correction(adv, old_cat, None if q is None else g(q), mask_all,
+                                                        c.behaviour_correction, c.tis_cap)[1])
                 if c.beta > 0 and ctx.ref_policy is not None:
                     metrics["train/kl"] = kl
                 metrics.update(self.extra_metrics(ctx))
