@@ -63,8 +63,8 @@ coupled_grpo_loss = grpo_loss
 
 @OBJECTIVES.register("coupled_grpo")
 class CoupledGRPO(GRPO):
+    """GRPO (its loss, ``coupled_grpo_loss``, its scoring and its KL) with coupled-GRPO's config and estimator."""
+
     config_class = CoupledGRPOConfig
-    cfg: CoupledGRPOConfig
-    policy_loss = staticmethod(coupled_grpo_loss)
     needs_likelihood = LikelihoodNeed(
         "coupled_grpo scores per token: use complementary (its own), one_step or stratified", per_token=True)
