@@ -6,6 +6,7 @@ allowed. The template that runs an objective is ``rl/objectives/base.py``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +45,12 @@ class ObjectiveConfig:
             raise ConfigError("objective.tis_cap", self.tis_cap, "must be >= 1")
 
 
-def check_clip(eps: float, eps_high: float | None = None) -> None:
-    """PPO's clip range ``[1 - eps, 1 + eps_high]`` (``eps_high=None``: one ``eps`` both sides), the same
-    check for every objective that clips its ratio: ``0 < eps < 1``, ``eps_high > 0``."""
+def check_clip(eps: float, eps_high: float = math.inf) -> None:
+    """PPO's clip range ``[1 - eps, 1 + eps_high]``, the same check for every objective that clips its
+    ratio: ``0 < eps < 1``, ``eps_high > 0`` (not given: the objective clips ``eps`` both sides)."""
     if not 0 < eps < 1:
         raise ConfigError("objective.eps", eps, "must be in (0, 1)")
-    if eps_high is not None and eps_high <= 0:
+    if eps_high <= 0:
         raise ConfigError("objective.eps_high", eps_high, "must be > 0")
 
 
