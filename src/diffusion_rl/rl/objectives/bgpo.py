@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.even_counts import EvenCountsEstimator, copy_estimates
 from diffusion_rl.models.policy import Forward
@@ -93,8 +93,7 @@ class BGPOConfig(ObjectiveConfig):
         check_clip(self.eps, self.eps_high)
         if not self.dual_clip > 1:
             raise ConfigError("objective.dual_clip", self.dual_clip, "must be > 1 (DARE asserts it)")
-        if self.elbo_tokens not in ("all", "completion"):
-            raise ConfigError("objective.elbo_tokens", self.elbo_tokens, "allowed: all, completion")
+        check_choice("objective.elbo_tokens", self.elbo_tokens, ("all", "completion"))
         if self.behaviour_correction != "none":
             raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
                               "bgpo takes none: tis weights are per token, BGPO's ratio is per copy")

@@ -70,7 +70,7 @@ from typing import ClassVar
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import check_choice
 from diffusion_rl.likelihood.stepwise import stepwise_logps
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
@@ -98,10 +98,8 @@ class CJGRPOConfig(ObjectiveConfig):
     def validate(self) -> None:
         super().validate()
         check_clip(self.eps)
-        if self.agg not in AGGS:
-            raise ConfigError("objective.agg", self.agg, f"allowed: {', '.join(AGGS)}")
-        if self.old_logp not in OLD_LOGPS:
-            raise ConfigError("objective.old_logp", self.old_logp, f"allowed: {', '.join(OLD_LOGPS)}")
+        check_choice("objective.agg", self.agg, AGGS)
+        check_choice("objective.old_logp", self.old_logp, OLD_LOGPS)
 
 
 def transition_mean(values: torch.Tensor, mask: torch.Tensor, rows_per_set: int) -> torch.Tensor:

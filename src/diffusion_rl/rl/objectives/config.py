@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.rl.objectives.behaviour import BEHAVIOUR_CORRECTIONS
 
 
@@ -38,9 +38,7 @@ class ObjectiveConfig:
             raise ConfigError("objective.mu", self.mu, "must be >= 1")
         if self.beta < 0:
             raise ConfigError("objective.beta", self.beta, "must be >= 0")
-        if self.behaviour_correction not in BEHAVIOUR_CORRECTIONS:
-            raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
-                              f"allowed: {', '.join(BEHAVIOUR_CORRECTIONS)}")
+        check_choice("objective.behaviour_correction", self.behaviour_correction, BEHAVIOUR_CORRECTIONS)
         if not self.tis_cap >= 1:
             raise ConfigError("objective.tis_cap", self.tis_cap, "must be >= 1")
 

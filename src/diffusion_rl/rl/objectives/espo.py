@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
@@ -69,8 +69,7 @@ class ESPOConfig(ObjectiveConfig):
     def validate(self) -> None:
         super().validate()
         check_clip(self.eps, self.eps_high)
-        if self.elbo_tokens not in ("all", "completion"):
-            raise ConfigError("objective.elbo_tokens", self.elbo_tokens, "allowed: all, completion")
+        check_choice("objective.elbo_tokens", self.elbo_tokens, ("all", "completion"))
         if self.behaviour_correction != "none":
             raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
                               "espo takes none: tis weights are per unit, ESPO's ratio is per sequence")

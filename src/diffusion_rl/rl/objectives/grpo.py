@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood import LIKELIHOODS
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
@@ -54,10 +54,8 @@ class GRPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.agg not in AGG_MODES:
-            raise ConfigError("objective.agg", self.agg, f"allowed: {', '.join(AGG_MODES)}")
-        if self.kl_tokens not in ("completion", "ignored"):
-            raise ConfigError("objective.kl_tokens", self.kl_tokens, "allowed: completion, ignored")
+        check_choice("objective.agg", self.agg, AGG_MODES)
+        check_choice("objective.kl_tokens", self.kl_tokens, ("completion", "ignored"))
         check_clip(self.eps, self.eps_high)
 
 

@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.left_to_right import left_to_right_logps
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
@@ -101,8 +101,7 @@ class JustGRPOConfig(ObjectiveConfig):
         super().validate()
         if self.norm_groups < 1:
             raise ConfigError("objective.norm_groups", self.norm_groups, "must be >= 1")
-        if self.tokens not in TOKENS:
-            raise ConfigError("objective.tokens", self.tokens, f"allowed: {', '.join(TOKENS)}")
+        check_choice("objective.tokens", self.tokens, TOKENS)
         if self.rows_per_forward < 0:
             raise ConfigError("objective.rows_per_forward", self.rows_per_forward, "must be >= 0 (0 = all rows at once)")
         if self.behaviour_correction != "none":

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.elbo import ELBOEstimator, ELBOSample, elbo_from_logps, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
 from diffusion_rl.models.policy import Forward
@@ -71,8 +71,7 @@ class SPGConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.negative not in NEGATIVE_BOUNDS:
-            raise ConfigError("objective.negative", self.negative, f"allowed: {', '.join(NEGATIVE_BOUNDS)}")
+        check_choice("objective.negative", self.negative, NEGATIVE_BOUNDS)
         if not self.eubo_beta >= 1:  # the power mean of order beta bounds the arithmetic mean only for beta >= 1
             raise ConfigError("objective.eubo_beta", self.eubo_beta, "must be >= 1 (below 1 the EUBO is no upper bound)")
         if not 0 <= self.mix_weight <= 1:

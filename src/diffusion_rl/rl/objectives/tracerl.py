@@ -77,7 +77,7 @@ from typing import ClassVar
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.trace import (
     block_logps,
     masked_logps,
@@ -125,12 +125,10 @@ class TraceRLConfig(ObjectiveConfig):
         check_clip(self.eps)
         if self.beta_old < 0:
             raise ConfigError("objective.beta_old", self.beta_old, "must be >= 0")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError("objective.kl_estimator", self.kl_estimator, f"allowed: {', '.join(KL_ESTIMATORS)}")
+        check_choice("objective.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         if self.shrink < 1:
             raise ConfigError("objective.shrink", self.shrink, "must be >= 1 (steps merged per training row)")
-        if self.norm not in NORMS:
-            raise ConfigError("objective.norm", self.norm, f"allowed: {', '.join(NORMS)}")
+        check_choice("objective.norm", self.norm, NORMS)
         if not 0 <= self.pass_min <= self.pass_max <= 1:
             raise ConfigError("objective.pass_min", self.pass_min,
                               f"must satisfy 0 <= pass_min <= pass_max={self.pass_max} <= 1")
