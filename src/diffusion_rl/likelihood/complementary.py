@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,
@@ -70,8 +70,7 @@ class ComplementaryConfig(LikelihoodConfig):
             raise ConfigError("likelihood.t_min", self.t_min, "must be in (0, 1)")
         if not self.t_min <= self.t_max < 1.0:
             raise ConfigError("likelihood.t_max", self.t_max, f"must be in [t_min={self.t_min}, 1): the complement is weighted 1/(1 - t)")
-        if self.t_per not in ("batch", "sample"):
-            raise ConfigError("likelihood.t_per", self.t_per, "allowed: batch, sample")
+        check_choice("likelihood.t_per", self.t_per, ("batch", "sample"))
 
 
 @dataclass

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
@@ -82,8 +82,7 @@ class MonteCarloConfig(LikelihoodConfig):
             raise ConfigError("likelihood.t_min", self.t_min, "must be in (0, 1]")
         if not self.t_min <= self.t_max <= 1.0:
             raise ConfigError("likelihood.t_max", self.t_max, f"must be in [t_min={self.t_min}, 1]")
-        if self.weighting not in ("inverse_t", "mean"):
-            raise ConfigError("likelihood.weighting", self.weighting, "allowed: inverse_t, mean")
+        check_choice("likelihood.weighting", self.weighting, ("inverse_t", "mean"))
 
 
 @dataclass
@@ -95,8 +94,7 @@ class ELBOConfig(MonteCarloConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.schedule not in ("uniform", "block_random"):
-            raise ConfigError("likelihood.schedule", self.schedule, "allowed: uniform, block_random")
+        check_choice("likelihood.schedule", self.schedule, ("uniform", "block_random"))
         if self.block_length < 1:
             raise ConfigError("likelihood.block_length", self.block_length, "must be >= 1")
         if self.antithetic:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.base import (
     LIKELIHOODS,
     LikelihoodConfig,
@@ -83,8 +83,7 @@ class SPGBlocksConfig(LikelihoodConfig):
             raise ConfigError("likelihood.t_min", self.t_min, "must be in [0, 1]")
         if not self.t_min <= self.t_max <= 1.0:
             raise ConfigError("likelihood.t_max", self.t_max, f"must be in [t_min={self.t_min}, 1]")
-        if self.block_choice not in ("permute", "uniform"):
-            raise ConfigError("likelihood.block_choice", self.block_choice, "allowed: permute, uniform")
+        check_choice("likelihood.block_choice", self.block_choice, ("permute", "uniform"))
 
 
 @dataclass

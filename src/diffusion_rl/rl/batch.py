@@ -46,12 +46,9 @@ class Rollout:
     # (n, L) bool: the task's pinned tokens (Task.pinned_completion: Sudoku's givens), in the canvas from
     # the start: never masked by an estimator, never scored; None: nothing pinned
     pinned: torch.Tensor | None = None
-    # (n, L) bool: reference tokens a row was sampled with in its canvas (IGPO's hints): unlike pinned
-    # tokens they are the policy's to score (rl/objectives/igpo.py); None: no row has any
-    hints: torch.Tensor | None = None
-    # (n, L) the old policy's predictive entropy at each completion position, the completion masked
-    # (IGPO's filter of hint positions); None: not computed
-    hint_entropy: torch.Tensor | None = None
+    # per-row tensors (n, ...) by name that the objective's rollout-time hook attached (Objective.revise_rollout)
+    # for its plan to read: IGPO's hint positions and their entropies (rl/objectives/igpo.py); {}: none
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
     # tree rollouts (rollout.tree, rl/tree.py): every node of this process's trees, the rows being the
     # leaves; None: G independent samples per prompt
     tree: Tree | None = None
@@ -96,6 +93,14 @@ class Rollout:
 
         return replace(self, **{f.name: pick(f.name, getattr(self, f.name))
                                for f in fields(self) if f.name not in self.NOT_PER_ROW})
+
+    @property
+    def unpinned_mask(self) -> torch.Tensor:
+        """(n, L) every completion position, the EOS padding after the first EOS included, but the task's
+        pinned ones, which are context: the whole generated sequence (ESPO's and BGPO's
+        ``elbo_tokens=all``, JustGRPO's ``tokens=all``)."""
+        every = torch.ones_like(self.completion_mask)
+        return every if self.pinned is None else every * (~self.pinned).to(every.dtype)
 
     @property
     def scored_mask(self) -> torch.Tensor:

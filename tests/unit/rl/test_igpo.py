@@ -247,16 +247,17 @@ def test_hinted_rows_replace_the_first_rows_and_keep_their_hints(tmp_path, monke
     c, ro, before = igpo_setup(tmp_path, monkeypatch, hinted_correct={1, 2, 3, 4, 5, 6},
                                extra=["task.group_size=8"])
     G = ro.group_size
-    assert ro.hints is not None and ro.hint_entropy is not None
+    assert "hints" in ro.extras and "hint_entropy" in ro.extras
+    hints = ro.extras["hints"]
     for g in range(2):
         rows = slice(g * G, (g + 1) * G)
-        replaced = ro.hints[rows].any(-1)
+        replaced = hints[rows].any(-1)
         assert replaced.tolist() == [True] * 4 + [False] * 4  # at most 4, the first rows
         assert torch.equal(ro.completion_ids[rows][4:], before.completion_ids[rows][4:])
     # a hint is the solution's own cell and survives sampling untouched
     for r in range(ro.completion_ids.shape[0]):
         sol = [c.bundle.tokenizer.encode(ch, add_special_tokens=False)[0] for ch in ro.items[r]["solution"]]
-        where = ro.hints[r].nonzero()[:, 0]
+        where = hints[r].nonzero()[:, 0]
         assert all(int(ro.completion_ids[r, p]) == sol[p] for p in where.tolist())
     assert ro.metrics["igpo/all_wrong_frac"] == 1.0 and ro.metrics["igpo/replaced_frac"] == 0.5
     assert torch.equal(ro.all_rewards, ro.rewards)  # the advantages see the replaced rows' rewards
@@ -275,12 +276,12 @@ def test_groups_with_a_right_sample_are_untouched(tmp_path, monkeypatch):
     base = RolloutEngine(grpo.bundle, grpo.task, grpo.objective, grpo.advantage, c.sampler, seed=3)(
         c.task.splits.train[:2], c.bundle.net, 0)
     assert torch.equal(ro.completion_ids[:G], base.completion_ids[:G])
-    assert ro.hints is None or not bool(ro.hints[:G].any())
+    assert "hints" not in ro.extras or not bool(ro.extras["hints"][:G].any())
 
 
 def test_no_right_hinted_sample_changes_nothing(tmp_path, monkeypatch):
     c, ro, before = igpo_setup(tmp_path, monkeypatch, hinted_correct=set())
-    assert ro.hints is None and torch.equal(ro.completion_ids, before.completion_ids)
+    assert "hints" not in ro.extras and torch.equal(ro.completion_ids, before.completion_ids)
     assert ro.metrics["igpo/replaced_frac"] == 0.0 and ro.metrics["igpo/rescued_frac"] == 0.0
 
 
@@ -288,7 +289,7 @@ def test_loss_parity_on_real_rollouts(tmp_path, monkeypatch):
     """The objective's loss on a tiny model's hinted rollout equals the transcription fed the same inputs
     (whole completion masked, prompt clear), the entropies its own from the old policy; gradients too."""
     c, ro, _ = igpo_setup(tmp_path, monkeypatch, hinted_correct={0, 2, 3})
-    assert ro.hints is not None and bool(ro.hints.any())
+    assert "hints" in ro.extras and bool(ro.extras["hints"].any())
     ro = replace(ro, advantages=torch.tensor([0.5, -0.25, 0.0, -0.25, 1.0, -1.0, 0.25, -0.25]))
     torch.manual_seed(1)
     net = c.bundle.net.eval()
@@ -317,9 +318,10 @@ def test_loss_parity_on_real_rollouts(tmp_path, monkeypatch):
     with torch.no_grad():
         old_logp, entropy = public_logps_and_entropy(logits_fn(old)(ids, attn), batch, L)
         ref_logp, _ = public_logps_and_entropy(logits_fn(ref)(ids, attn), batch, L)
-    hinted = ro.hints.any(-1)
-    assert torch.allclose(ro.hint_entropy[hinted], entropy[0][hinted], atol=1e-5)
-    token_mask = public_entropy_filter(ro.scored_mask[None].to(torch.uint8), ro.hints, entropy)[0]
+    hints = ro.extras["hints"]
+    hinted = hints.any(-1)
+    assert torch.allclose(ro.extras["hint_entropy"][hinted], entropy[0][hinted], atol=1e-5)
+    token_mask = public_entropy_filter(ro.scored_mask[None].to(torch.uint8), hints, entropy)[0]
     assert int(token_mask.sum()) < int(ro.scored_mask.sum())  # the filter dropped hint tokens
     expected = public_over_groups(logp[0], old_logp[0], ref_logp[0], ro.advantages, token_mask, ro.group_size,
                                   c.objective.cfg.beta)

@@ -112,7 +112,7 @@ def every_field_rollout(tiny_bundle) -> Rollout:
         advantages=r[:, None].expand(n, 3) + torch.arange(3.0), shard=Shard(0, 2, 0), trajectory=rec,
         selected_steps=torch.arange(n)[:, None].repeat(1, 2), metrics={"m": 1.0},
         loss_mask=torch.rand(comp.shape), sampler_logp=-torch.rand(comp.shape), pinned=torch.rand(comp.shape) > 0.5,
-        hints=torch.rand(comp.shape) > 0.5, hint_entropy=torch.rand(comp.shape),
+        extras={"hints": torch.rand(comp.shape) > 0.5, "hint_entropy": torch.rand(comp.shape)},
     )
 
 

@@ -1,7 +1,8 @@
 """Policy-gradient objectives, registered by name: one file per objective, found by :func:`discover`."""
 
 from diffusion_rl.core.registry import discover
-from diffusion_rl.rl.objectives.base import OBJECTIVES, Objective, ObjectiveConfig, StepContext
+from diffusion_rl.rl.objectives.base import OBJECTIVES, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig
 
 discover(__name__, __path__)
 

@@ -1,5 +1,6 @@
-"""What every objective shares: one policy-loss signature, the step context and
-the helpers every loss uses (``kl_penalty``, ``agg_loss``, ``ratio_metrics``; verl's ``core_algos``).
+"""What every objective shares: one policy-loss signature, the step context and the template that
+calls the loss (the tensor helpers every loss uses, verl's ``core_algos``, are ``rl/objectives/losses.py``;
+the config every objective extends and what it declares of its estimator, ``rl/objectives/config.py``).
 
 An objective turns one rollout batch into a scalar loss for one inner update, in three parts:
 
@@ -48,49 +49,15 @@ from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.advantages import AdvantageConfig
 from diffusion_rl.rl.batch import Rollout
-from diffusion_rl.rl.objectives.behaviour import (
-    BEHAVIOUR_CORRECTIONS,
-    mismatch_metrics,
-    tis_weights,
-)
+from diffusion_rl.rl.objectives.behaviour import behaviour_correction
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
+from diffusion_rl.rl.objectives.losses import agg_loss, kl_penalty
 from diffusion_rl.sampling.sampler import SamplerConfig
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "group-token-mean")
 _FRESH_MASKS = 1 << 40  # added to the inner iteration to draw the new policy's masks (share_masks_with_old=false)
-
-
-@dataclass
-class ObjectiveConfig:
-    name: str = "grpo"
-    # inner updates per rollout batch (d1: up to 12, StableDRL: 2); on the embedded Sudoku job one
-    # update per rollout did at least as well as 2-4
-    mu: int = 1
-    # weight of the k3 KL to the reference policy, the warm start (d1: 0.04; 0 holds no reference
-    # model). The Sudoku reward ignores the given cells: without this anchor their copying drifts
-    beta: float = 0.04
-    # objectives whose estimator draws random masks (one_step with prompt masking, elbo, staircase):
-    # true scores the old and the new policy on the same masks, so the log-ratio is exactly 0 at
-    # theta = theta_old; false draws fresh masks for the new policy, the StableDRL code's regime of
-    # largest ratio noise (docs/methods.md §3)
-    share_masks_with_old: bool = True
-    # rollouts from an approximate sampler (sampler.kv_cache, ...): none | tis (truncated importance
-    # weights min(pi_old / q_sampler, tis_cap) per unit of the ratio; rl/objectives/behaviour.py)
-    behaviour_correction: str = "none"
-    tis_cap: float = 2.0  # the cap of autoregressive RL's TIS (Yao et al. 2025)
-
-    def validate(self) -> None:
-        if self.mu < 1:
-            raise ConfigError("objective.mu", self.mu, "must be >= 1")
-        if self.beta < 0:
-            raise ConfigError("objective.beta", self.beta, "must be >= 0")
-        if self.behaviour_correction not in BEHAVIOUR_CORRECTIONS:
-            raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
-                              f"allowed: {', '.join(BEHAVIOUR_CORRECTIONS)}")
-        if not self.tis_cap >= 1:
-            raise ConfigError("objective.tis_cap", self.tis_cap, "must be >= 1")
 
 
 @dataclass
@@ -149,62 +116,6 @@ class StepContext:
     step: int = 0  # optimizer steps taken before this update (a schedule over training: d-TreeRPO's)
 
 
-# ---- shared loss helpers ----------------------------------------------------------------
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """The k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` per unit (>= 0, unbiased for KL(pi || ref))."""
-    d = ref_logp.detach() - logp
-    return torch.exp(d) - d - 1
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp_min(1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
-
-
-def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str = "seq-mean-token-mean",
-             group_size: int = 0) -> torch.Tensor:
-    """Reduce per-unit values ``(B, ..., U)`` to a scalar.
-
-    ``token-mean``: mean over every unit that counts; ``seq-mean-token-mean``: mean over each row's
-    units (the last dimension), then over rows (GRPO's ``1/|o|``); ``seq-mean-token-sum``: sum over
-    each row's units, mean over rows; ``group-token-mean``: mean over every unit of a prompt's group of
-    ``group_size`` rows, then over groups (d1's token mean over a micro-batch of one group). Units
-    outside ``mask`` never count, whatever they hold.
-    """
-    if mode == "group-token-mean":
-        if group_size < 1 or values.shape[0] % group_size:
-            raise ValueError(f"group-token-mean needs rows in whole groups, got {values.shape[0]} rows, group {group_size}")
-        groups = values.shape[0] // group_size
-        return agg_loss(values.reshape(groups, -1), mask.reshape(groups, -1), "seq-mean-token-mean")
-    m = mask.to(values.dtype)
-    v = torch.where(mask.bool(), values, torch.zeros_like(values))
-    if mode == "token-mean":
-        return v.sum() / m.sum().clamp_min(1)
-    if mode == "seq-mean-token-mean":
-        return (v.sum(-1) / m.sum(-1).clamp_min(1)).mean()
-    if mode == "seq-mean-token-sum":
-        return v.sum(-1).mean()
-    raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGG_MODES)}")
-
-
-def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, clipped_low: torch.Tensor,
-                  clipped_high: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``ratio/log_mean|log_std|log_min|log_max`` over the units that count, and the fractions of
-    them clipped below / above (``ratio/clip_frac_low|high``). All (B, U); detached."""
-    with torch.no_grad():
-        m = mask.bool()
-        vals = log_ratio.detach()[m] if bool(m.any()) else log_ratio.new_zeros(1)
-        return {
-            "ratio/log_mean": vals.mean(),
-            "ratio/log_std": vals.std() if vals.numel() > 1 else vals.new_zeros(()),
-            "ratio/log_min": vals.min(),
-            "ratio/log_max": vals.max(),
-            "ratio/clip_frac_low": masked_mean(clipped_low.float(), mask.float()),
-            "ratio/clip_frac_high": masked_mean(clipped_high.float(), mask.float()),
-        }
-
-
 def as_units(advantages: torch.Tensor) -> torch.Tensor:
     """Per-sample advantages (B,) as (B, 1), which broadcasts over a sample's units; (B, U) unchanged."""
     return advantages[:, None] if advantages.dim() == 1 else advantages
@@ -227,11 +138,14 @@ class Objective(ABC):
     # the recorder also keeps the sampler's one-step prediction at every step and its confidences (MDPO)
     needs_predictions: ClassVar[bool] = False
     kl_agg: str = "seq-mean-token-mean"  # how the KL units reduce to the penalty (agg_loss's modes)
+    needs_likelihood: ClassVar[LikelihoodNeed | None] = None  # what it needs of the estimator (None: any)
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):
         cfg.validate()
         self.cfg = cfg
         self.likelihood = likelihood
+        if self.needs_likelihood is not None:
+            self.needs_likelihood.check(likelihood)
 
     def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
         """Check the objective fits the policy (a :class:`PolicyBundle`) and read what it needs from it
@@ -402,9 +316,11 @@ class Objective(ABC):
         g = ro.shard.gather  # every process's rows (identity on one process)
         surrogate = None if s.surrogate is None else g(s.surrogate)
         old = None if old is None else g(old)
-        adv, behaviour = self.corrected_advantages(ctx, old, g(s.mask))
-        loss, metrics = self.policy_loss(g(s.logp), old, adv, g(s.mask), c,
-                                         group_size=ro.group_size, surrogate=surrogate)
+        mask, adv = g(s.mask), g(self.unit_advantages(ctx))
+        q = None if old is None else self.sampler_units(ctx)  # the sampler's units: only against old ones
+        adv, behaviour = behaviour_correction(adv, old, None if q is None else g(q), mask, c.behaviour_correction,
+                                              c.tis_cap)
+        loss, metrics = self.policy_loss(g(s.logp), old, adv, mask, c, group_size=ro.group_size, surrogate=surrogate)
         metrics.update(behaviour)
         if ref is not None:
             kl = self.kl_term(s, ref, g, ro.group_size)
@@ -428,27 +344,3 @@ class Objective(ABC):
         squared ELBO difference per sequence); ``gather`` gives every process's rows."""
         units, mask = policy.kl_units()
         return agg_loss(gather(kl_penalty(units, ref.kl_units()[0])), gather(mask), self.kl_agg, group_size)
-
-    def corrected_advantages(self, ctx: StepContext, old: torch.Tensor | None,
-                             mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The global batch's advantages, times the truncated importance weights with
-        ``behaviour_correction=tis``, and the mismatch metrics. ``old`` and ``mask`` (N, U) gathered;
-        ``old=None`` (the old policy was not scored): no mismatch to measure."""
-        c, g = self.cfg, ctx.rollout.shard.gather
-        adv = g(self.unit_advantages(ctx))
-        if old is None:
-            if c.behaviour_correction != "none":  # needs_old_logp() must say True then
-                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the behaviour "
-                                   "policy's values, which this objective did not compute")
-            return adv, {}
-        q = self.sampler_units(ctx)
-        if q is None:
-            if c.behaviour_correction != "none":
-                raise RuntimeError(f"objective.behaviour_correction={c.behaviour_correction} needs the sampler's "
-                                   "log-probabilities, which this rollout does not carry")
-            return adv, {}
-        mismatch = g(q).to(old.dtype) - old.detach()  # (N, U) log q - log pi_old
-        if c.behaviour_correction == "none":
-            return adv, mismatch_metrics(mismatch, mask)
-        w = tis_weights(mismatch, c.tis_cap)  # (N, U)
-        return adv * w, mismatch_metrics(mismatch, mask, w, c.tis_cap)

@@ -80,3 +80,27 @@ def mismatch_metrics(mismatch: torch.Tensor, mask: torch.Tensor, weights: torch.
             out["tis/weight_mean"] = w.mean()
             out["tis/clip_frac"] = (w >= cap).float().mean()
         return out
+
+
+def behaviour_correction(advantages: torch.Tensor, old_logp: torch.Tensor | None, sampler_logp: torch.Tensor | None,
+                         mask: torch.Tensor, mode: str, cap: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The advantages ``(N, U)`` times the truncated importance weights with ``mode=tis`` (as they are with
+    ``none``) and the mismatch metrics, from the old policy's units ``old_logp`` and the sampler's
+    ``sampler_logp``, both (N, U), the units that count ``mask`` (N, U); a pure function of tensors.
+    ``old_logp`` or ``sampler_logp`` None (not scored, not recorded): no mismatch to measure, and ``tis``,
+    which needs both, raises."""
+    if old_logp is None:
+        if mode != "none":  # needs_old_logp() must say True then
+            raise RuntimeError(f"objective.behaviour_correction={mode} needs the behaviour "
+                               "policy's values, which this objective did not compute")
+        return advantages, {}
+    if sampler_logp is None:
+        if mode != "none":
+            raise RuntimeError(f"objective.behaviour_correction={mode} needs the sampler's "
+                               "log-probabilities, which this rollout does not carry")
+        return advantages, {}
+    mismatch = sampler_logp.to(old_logp.dtype) - old_logp.detach()  # (N, U) log q - log pi_old
+    if mode == "none":
+        return advantages, mismatch_metrics(mismatch, mask)
+    w = tis_weights(mismatch, cap)  # (N, U)
+    return advantages * w, mismatch_metrics(mismatch, mask, w, cap)

@@ -64,20 +64,14 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.even_counts import EvenCountsEstimator, copy_estimates
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    agg_loss,
-    masked_mean,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.behaviour import behaviour_correction
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
+from diffusion_rl.rl.objectives.losses import agg_loss, masked_mean, ratio_metrics
 
 
 @dataclass
@@ -96,14 +90,10 @@ class BGPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
+        check_clip(self.eps, self.eps_high)
         if not self.dual_clip > 1:
             raise ConfigError("objective.dual_clip", self.dual_clip, "must be > 1 (DARE asserts it)")
-        if self.elbo_tokens not in ("all", "completion"):
-            raise ConfigError("objective.elbo_tokens", self.elbo_tokens, "allowed: all, completion")
+        check_choice("objective.elbo_tokens", self.elbo_tokens, ("all", "completion"))
         if self.behaviour_correction != "none":
             raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
                               "bgpo takes none: tis weights are per token, BGPO's ratio is per copy")
@@ -154,19 +144,13 @@ class BGPO(Objective):
     policy_loss = staticmethod(bgpo_loss)
     likelihood: EvenCountsEstimator
 
-    def __init__(self, cfg: BGPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if not isinstance(likelihood, EvenCountsEstimator):
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "bgpo scores its masked copies one at a time: use likelihood=even_counts")
+    needs_likelihood = LikelihoodNeed("bgpo scores its masked copies one at a time: use likelihood=even_counts",
+                                      kinds=(EvenCountsEstimator,))
 
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the copies mask from and the token mean counts (``elbo_tokens``)."""
         ro = ctx.rollout
-        if self.cfg.elbo_tokens != "all":
-            return ro.scored_mask
-        every = torch.ones_like(ro.completion_mask)
-        return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)  # pinned tokens are context
+        return ro.unpinned_mask if self.cfg.elbo_tokens == "all" else ro.scored_mask
 
     def mask_seeds(self, ctx: StepContext, role: str) -> list[int]:
         """The rollout's masks for every inner update (DARE draws them once per batch); fresh ones for
@@ -234,7 +218,9 @@ class BGPO(Objective):
                 with torch.no_grad():
                     new_all, old_cat, mask_all = torch.cat(news, 1), torch.cat(olds, 1), torch.cat(masks, 1)
                     _, metrics = self.policy_loss(new_all, old_cat, adv, mask_all, c, group_size=ro.group_size)
-                    metrics.update(self.corrected_advantages(ctx, old_cat, mask_all)[1])
+                    q = self.sampler_units(ctx)  # (n, 1, 1) or None
+                    metrics.update(behaviour_correction(adv, old_cat, None if q is None else g(q), mask_all,
+                                                        c.behaviour_correction, c.tis_cap)[1])
                 if c.beta > 0 and ctx.ref_policy is not None:
                     metrics["train/kl"] = kl
                 metrics.update(self.extra_metrics(ctx))

@@ -70,18 +70,12 @@ from typing import ClassVar
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import check_choice
 from diffusion_rl.likelihood.stepwise import stepwise_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    kl_penalty,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
+from diffusion_rl.rl.objectives.losses import kl_penalty, ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 AGGS = ("group", "sample")
@@ -103,12 +97,9 @@ class CJGRPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.agg not in AGGS:
-            raise ConfigError("objective.agg", self.agg, f"allowed: {', '.join(AGGS)}")
-        if self.old_logp not in OLD_LOGPS:
-            raise ConfigError("objective.old_logp", self.old_logp, f"allowed: {', '.join(OLD_LOGPS)}")
+        check_clip(self.eps)
+        check_choice("objective.agg", self.agg, AGGS)
+        check_choice("objective.old_logp", self.old_logp, OLD_LOGPS)
 
 
 def transition_mean(values: torch.Tensor, mask: torch.Tensor, rows_per_set: int) -> torch.Tensor:
@@ -169,13 +160,8 @@ class CJGRPO(Objective):
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "zscore")
     token_credit = True
     needs_trajectory = True
-
-    def __init__(self, cfg: CJGRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=cj_grpo scores the rollout's own transitions (likelihood/stepwise.py); "
-                              "leave likelihood at one_step")
+    needs_likelihood = LikelihoodNeed("objective=cj_grpo scores the rollout's own transitions "
+                                      "(likelihood/stepwise.py); leave likelihood at one_step", one_step=True)
 
     # ---- rollout time -------------------------------------------------------------------
     def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,

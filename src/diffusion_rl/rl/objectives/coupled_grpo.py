@@ -42,11 +42,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.rl.objectives.base import OBJECTIVES, agg_loss, ratio_metrics
-from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig, clipped_surrogate
+from diffusion_rl.rl.objectives.base import OBJECTIVES
+from diffusion_rl.rl.objectives.config import LikelihoodNeed
+from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig, grpo_loss
 
 
 @dataclass
@@ -58,31 +56,15 @@ class CoupledGRPOConfig(GRPOConfig):
     # eps = eps_high = 0.5 (GRPO's defaults) are the recipe's epsilon
 
 
-def coupled_grpo_loss(
-    logp: torch.Tensor,  # (B, L) per-token complementary-mask log-probs, with grad
-    old_logp: torch.Tensor,  # (B, L) the old policy's, on the same masks
-    advantages: torch.Tensor,  # (B, 1) or (B, L)
-    mask: torch.Tensor,  # (B, L) the completion tokens that count
-    cfg: GRPOConfig,  # eps, eps_high, agg (token-mean: the public code's)
-    *,
-    group_size: int,
-    surrogate: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO's clipped per-token surrogate averaged over every completion token of the batch; pure."""
-    log_ratio = logp - old_logp.detach()  # (B, L)
-    per_token, low, high = clipped_surrogate(log_ratio, advantages, cfg.eps, cfg.eps_high)  # (B, L) each
-    loss = agg_loss(per_token, mask, cfg.agg, group_size)
-    return loss, ratio_metrics(log_ratio, mask, low, high)
+# GRPO's clipped per-token surrogate (rl/objectives/grpo.py), here averaged over every completion token of
+# the batch (agg=token-mean): coupled-GRPO differs from GRPO in its masks and defaults, not in its loss
+coupled_grpo_loss = grpo_loss
 
 
 @OBJECTIVES.register("coupled_grpo")
 class CoupledGRPO(GRPO):
-    config_class = CoupledGRPOConfig
-    cfg: CoupledGRPOConfig
-    policy_loss = staticmethod(coupled_grpo_loss)
+    """GRPO (its loss, ``coupled_grpo_loss``, its scoring and its KL) with coupled-GRPO's config and estimator."""
 
-    def __init__(self, cfg: CoupledGRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if not likelihood.per_token:
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "coupled_grpo scores per token: use complementary (its own), one_step or stratified")
+    config_class = CoupledGRPOConfig
+    needs_likelihood = LikelihoodNeed(
+        "coupled_grpo scores per token: use complementary (its own), one_step or stratified", per_token=True)

@@ -66,16 +66,10 @@ import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.trace import masked_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    agg_loss,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
+from diffusion_rl.rl.objectives.losses import agg_loss, ratio_metrics
 from diffusion_rl.sampling.sampler import completion_mask
 
 DISTILL_EPS = 1e-8  # the public q normaliser and log guard
@@ -97,8 +91,7 @@ class DTreeRPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
+        check_clip(self.eps)
         for key in ("lambda_max", "gamma", "tau_max", "tau_power"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"objective.{key}", getattr(self, key), "must be > 0")
@@ -193,14 +186,9 @@ class DTreeRPO(Objective):
     # the rollout's leaf advantages are not used: the edges' come from the tree (rl/tree.py)
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     needs_tree = True
-
-    def __init__(self, cfg: DTreeRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=dtreerpo scores each edge on its parent state in one forward; "
-                              "leave likelihood at one_step")
-        self.eos_id: int | None = None
+    needs_likelihood = LikelihoodNeed("objective=dtreerpo scores each edge on its parent state in one forward; "
+                                      "leave likelihood at one_step", one_step=True)
+    eos_id: int | None = None  # the model's (bind)
 
     def bind(self, bundle) -> None:
         self.eos_id = int(bundle.eos_token_id)

@@ -53,18 +53,13 @@ from typing import ClassVar
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.likelihood.stepwise import stepwise_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    StepContext,
-    masked_mean,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.grpo import GRPOConfig, grpo_loss
+from diffusion_rl.rl.objectives.losses import masked_mean
 from diffusion_rl.rl.objectives.selectors import SELECTORS, steps_up_to
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
@@ -94,15 +89,12 @@ class EGSPOConfig(GRPOConfig):
         super().validate()
         if self.K < 1:
             raise ConfigError("objective.K", self.K, "must be >= 1")
-        if self.select not in SELECTORS:
-            raise ConfigError("objective.select", self.select, f"allowed: {', '.join(SELECTORS.names())}")
-        if self.reduce not in ("sum", "mean"):
-            raise ConfigError("objective.reduce", self.reduce, "allowed: sum, mean")
+        check_choice("objective.select", self.select, SELECTORS.names())
+        check_choice("objective.reduce", self.reduce, ("sum", "mean"))
         if not 0 <= self.steps_per_update <= self.K:
             raise ConfigError("objective.steps_per_update", self.steps_per_update,
                               f"must be in [0, objective.K={self.K}] (0 = ceil(K / mu))")
-        if self.old_logp not in ("recompute", "recorded"):
-            raise ConfigError("objective.old_logp", self.old_logp, "allowed: recompute, recorded")
+        check_choice("objective.old_logp", self.old_logp, ("recompute", "recorded"))
 
     @property
     def per_update(self) -> int:

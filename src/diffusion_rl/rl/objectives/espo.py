@@ -48,17 +48,11 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    ratio_metrics,
-)
-from diffusion_rl.rl.objectives.grpo import clipped_surrogate
+from diffusion_rl.core.errors import ConfigError, check_choice
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
+from diffusion_rl.rl.objectives.losses import clipped_surrogate, ratio_metrics
 
 
 @dataclass
@@ -74,12 +68,8 @@ class ESPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
-        if self.elbo_tokens not in ("all", "completion"):
-            raise ConfigError("objective.elbo_tokens", self.elbo_tokens, "allowed: all, completion")
+        check_clip(self.eps, self.eps_high)
+        check_choice("objective.elbo_tokens", self.elbo_tokens, ("all", "completion"))
         if self.behaviour_correction != "none":
             raise ConfigError("objective.behaviour_correction", self.behaviour_correction,
                               "espo takes none: tis weights are per unit, ESPO's ratio is per sequence")
@@ -123,19 +113,13 @@ class ESPO(Objective):
     cfg: ESPOConfig
     policy_loss = staticmethod(espo_loss)
 
-    def __init__(self, cfg: ESPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if not likelihood.per_token:
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "espo sums per-position terms: use stratified (its own), complementary or one_step")
+    needs_likelihood = LikelihoodNeed(
+        "espo sums per-position terms: use stratified (its own), complementary or one_step", per_token=True)
 
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the ELBO covers (``elbo_tokens``)."""
         ro = ctx.rollout
-        if self.cfg.elbo_tokens != "all":
-            return ro.scored_mask
-        every = torch.ones_like(ro.completion_mask)
-        return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)  # pinned tokens are context
+        return ro.unpinned_mask if self.cfg.elbo_tokens == "all" else ro.scored_mask
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout

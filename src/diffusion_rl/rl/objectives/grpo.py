@@ -29,20 +29,13 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood import LIKELIHOODS
+from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.advantages import AdvantageConfig
-from diffusion_rl.rl.objectives.base import (
-    AGG_MODES,
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    agg_loss,
-    ratio_metrics,
-)
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig, check_clip
+from diffusion_rl.rl.objectives.losses import AGG_MODES, agg_loss, clipped_surrogate, ratio_metrics
 
 
 @dataclass
@@ -61,14 +54,9 @@ class GRPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.agg not in AGG_MODES:
-            raise ConfigError("objective.agg", self.agg, f"allowed: {', '.join(AGG_MODES)}")
-        if self.kl_tokens not in ("completion", "ignored"):
-            raise ConfigError("objective.kl_tokens", self.kl_tokens, "allowed: completion, ignored")
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
+        check_choice("objective.agg", self.agg, AGG_MODES)
+        check_choice("objective.kl_tokens", self.kl_tokens, ("completion", "ignored"))
+        check_clip(self.eps, self.eps_high)
 
 
 def grpo_loss(
@@ -86,18 +74,6 @@ def grpo_loss(
     per_unit, low, high = clipped_surrogate(log_ratio, advantages, cfg.eps, cfg.eps_high)  # (B, U) each
     loss = agg_loss(per_unit, mask, cfg.agg, group_size)
     return loss, ratio_metrics(log_ratio, mask, low, high)
-
-
-def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, eps: float,
-                      eps_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO's conditional clip per unit, ``-min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)`` with
-    ``rho = exp(log_ratio)``, and the units where the clip holds the gradient (below with ``A < 0``,
-    above with ``A > 0``). (B, U) and (B, U) or (B, 1) -> three (B, U); shared by the objectives
-    whose ratios are clipped this way (GRPO and EGSPO through :func:`grpo_loss`, coupled-GRPO, ESPO)."""
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - eps, 1 + eps_high)
-    per_unit = -torch.min(ratio * advantages, clipped * advantages)
-    return per_unit, (ratio < 1 - eps) & (advantages < 0), (ratio > 1 + eps_high) & (advantages > 0)
 
 
 @OBJECTIVES.register("grpo")

@@ -66,19 +66,17 @@ import torch
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.likelihood.base import show_pinned
+from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.batch import Rollout
 from diffusion_rl.rl.objectives.base import (
     OBJECTIVES,
-    Forward,
     LogpUnits,
     Objective,
-    ObjectiveConfig,
     RolloutTools,
     StepContext,
-    agg_loss,
-    ratio_metrics,
 )
-from diffusion_rl.rl.objectives.grpo import clipped_surrogate
+from diffusion_rl.rl.objectives.config import ObjectiveConfig, check_clip
+from diffusion_rl.rl.objectives.losses import agg_loss, clipped_surrogate, ratio_metrics
 from diffusion_rl.sampling.sampler import completion_mask
 
 _FRAC_SALT, _CHUNK_SALT, _PICK_SALT = 0x1690, 0x1691, 0x1692
@@ -103,10 +101,7 @@ class IGPOConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
-        if self.eps_high <= 0:
-            raise ConfigError("objective.eps_high", self.eps_high, "must be > 0")
+        check_clip(self.eps, self.eps_high)
         if not 0 <= self.hint_frac_low <= self.hint_frac_high <= 1:
             raise ConfigError("objective.hint_frac_high", self.hint_frac_high,
                               f"needs 0 <= hint_frac_low ({self.hint_frac_low}) <= hint_frac_high <= 1")
@@ -245,6 +240,14 @@ def reference_ids(task: Any, item: dict[str, Any], tokenizer: Any) -> tuple[list
 
 
 # ---- the objective --------------------------------------------------------------------------
+@dataclass
+class IGPOPlan:
+    """What IGPO's inner updates of one rollout share."""
+
+    hints: torch.Tensor | None  # (n, L) bool the hint tokens of the hinted rows (Rollout.extras); None: no row has any
+    kept: torch.Tensor  # (n, L) the units the loss counts: the scored completion, hint tokens by entropy_filter
+
+
 @OBJECTIVES.register("igpo")
 class IGPO(Objective):
     config_class = IGPOConfig
@@ -261,7 +264,8 @@ class IGPO(Objective):
 
     def revise_rollout(self, ro: Rollout, tools: RolloutTools) -> tuple[Rollout, dict[str, float]]:
         """Resample every all-wrong group with hints and replace up to ``max_replacements`` of its rows by
-        correct hinted samples; attach the hint positions and the old policy's entropies."""
+        correct hinted samples; attach the hint positions and the old policy's entropies (``Rollout.extras``:
+        ``hints`` (n, L) bool, ``hint_entropy`` (n, L); none when no row was replaced)."""
         c, G, n, L = self.cfg, ro.group_size, ro.completion_ids.shape[0], ro.completion_ids.shape[1]
         if n % G or ro.shard.offset % G:
             raise ConfigError("task.group_size", G, f"IGPO needs each process's {n} rows in whole groups")
@@ -311,8 +315,8 @@ class IGPO(Objective):
         entropy[rows_hinted] = masked_entropy(tools.old_policy, ro.prompt_ids[rows_hinted], ro.prompt_mask[rows_hinted],
                                               comp[rows_hinted], pinned, tools.mask_id).to(entropy)
         return replace(ro, completion_ids=comp, completion_mask=eos, texts=texts, rewards=rewards, all_rewards=rewards,
-                       advantages=rewards, reward_components=components, sampler_logp=sampler_logp, hints=hints,
-                       hint_entropy=entropy), metrics
+                       advantages=rewards, reward_components=components, sampler_logp=sampler_logp,
+                       extras={**ro.extras, "hints": hints, "hint_entropy": entropy}), metrics
 
     def _hinted_canvas(self, ro: Rollout, tools: RolloutTools, g: int, rows: range) -> tuple[torch.Tensor, torch.Tensor]:
         """The canvases of group ``g``'s hinted resample (G, L) and their hint positions (G, L) bool."""
@@ -330,9 +334,10 @@ class IGPO(Objective):
         pinned = torch.zeros_like(canvas, dtype=torch.bool) if ro.pinned is None else ro.pinned[rows.start:rows.stop].cpu()
         return canvas, (canvas != tools.mask_id) & ~pinned
 
-    def kept_units(self, ro: Rollout) -> torch.Tensor:
-        """(n, L) the units the loss counts: the scored completion, hint tokens by :func:`entropy_filter`."""
-        return entropy_filter(ro.scored_mask, ro.hints, ro.hint_entropy, self.cfg.hint_entropy_keep)
+    def make_plan(self, ctx: StepContext) -> IGPOPlan:
+        ro = ctx.rollout
+        hints, entropy = ro.extras.get("hints"), ro.extras.get("hint_entropy")
+        return IGPOPlan(hints, entropy_filter(ro.scored_mask, hints, entropy, self.cfg.hint_entropy_keep))
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout
@@ -340,13 +345,13 @@ class IGPO(Objective):
                                self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L)
         if ro.pinned is not None:  # a pinned token is context: log-ratio 0 in the sequence mean
             logp = logp.masked_fill(ro.pinned, 0.0)
-        return LogpUnits(logp, self.kept_units(ro))
+        return LogpUnits(logp, self.plan(ctx).kept)
 
     def extra_metrics(self, ctx: StepContext) -> dict[str, torch.Tensor]:
-        ro = ctx.rollout
-        if ro.hints is None:
+        plan: IGPOPlan = self.plan(ctx)
+        if plan.hints is None:
             return {}
-        hint = ro.scored_mask.bool() & ro.hints
-        kept = self.kept_units(ro).bool() & ro.hints
+        hint = ctx.rollout.scored_mask.bool() & plan.hints
+        kept = plan.kept.bool() & plan.hints
         return {"igpo/hint_keep_frac": kept.sum() / hint.sum().clamp_min(1)}
 

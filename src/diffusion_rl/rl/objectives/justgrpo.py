@@ -71,17 +71,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.left_to_right import left_to_right_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
+from diffusion_rl.rl.objectives.losses import check_per_sample, ratio_metrics
 from diffusion_rl.sampling.sampler import SamplerConfig
 
 TOKENS = ("all", "scored")
@@ -106,8 +101,7 @@ class JustGRPOConfig(ObjectiveConfig):
         super().validate()
         if self.norm_groups < 1:
             raise ConfigError("objective.norm_groups", self.norm_groups, "must be >= 1")
-        if self.tokens not in TOKENS:
-            raise ConfigError("objective.tokens", self.tokens, f"allowed: {', '.join(TOKENS)}")
+        check_choice("objective.tokens", self.tokens, TOKENS)
         if self.rows_per_forward < 0:
             raise ConfigError("objective.rows_per_forward", self.rows_per_forward, "must be >= 0 (0 = all rows at once)")
         if self.behaviour_correction != "none":
@@ -126,8 +120,7 @@ def justgrpo_loss(
     surrogate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """JustGRPO's on-policy REINFORCE loss and its metrics; a pure function of tensors (``surrogate`` unused)."""
-    if advantages.dim() == 2 and advantages.shape[1] != 1:
-        raise ValueError(f"justgrpo needs one advantage per sample, got {tuple(advantages.shape)}")
+    check_per_sample(advantages, "justgrpo")
     B, L = logp.shape
     if B % group_size:
         raise ValueError(f"justgrpo needs rows in whole groups, got {B} rows, group {group_size}")
@@ -149,8 +142,7 @@ def justgrpo_loss(
         metrics = {"justgrpo/nonzero_adv_frac": valid.mean(),
                    "justgrpo/tokens_per_sample": m.float().sum(-1).mean()}
         if old_logp is not None:
-            none = torch.zeros_like(m)
-            metrics.update(ratio_metrics(lp - old_logp.float(), m, none, none))
+            metrics.update(ratio_metrics(lp - old_logp.float(), m))  # a diagnostic: nothing is clipped
     return loss, metrics
 
 
@@ -160,12 +152,8 @@ class JustGRPO(Objective):
     cfg: JustGRPOConfig
     policy_loss = staticmethod(justgrpo_loss)
 
-    def __init__(self, cfg: JustGRPOConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=justgrpo scores each token given the tokens before it "
-                              "(likelihood/left_to_right.py); leave likelihood at one_step")
+    needs_likelihood = LikelihoodNeed("objective=justgrpo scores each token given the tokens before it "
+                                      "(likelihood/left_to_right.py); leave likelihood at one_step", one_step=True)
 
     def bind(self, bundle) -> None:
         if bundle.block_size:
@@ -192,10 +180,7 @@ class JustGRPO(Objective):
     def tokens(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) float: the positions scored."""
         ro = ctx.rollout
-        if self.cfg.tokens == "scored":
-            return ro.scored_mask
-        every = torch.ones_like(ro.completion_mask)
-        return every if ro.pinned is None else every * (~ro.pinned).to(every.dtype)
+        return ro.scored_mask if self.cfg.tokens == "scored" else ro.unpinned_mask
 
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         ro = ctx.rollout

@@ -88,16 +88,10 @@ import torch
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import token_logps
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    masked_mean,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig
+from diffusion_rl.rl.objectives.losses import masked_mean, ratio_metrics
 from diffusion_rl.rl.objectives.selectors import top_k_steps
 from diffusion_rl.sampling.sampler import logits_at
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
@@ -149,8 +143,7 @@ def mdpo_loss(
         steps = (count > 0).to(logp.dtype)  # (N, K) trained steps with a masked position
         metrics = {"mdpo/lambda_mean": masked_mean(lam, steps), "mdpo/masked_per_step": masked_mean(count, steps)}
         if old_logp is not None:
-            none = torch.zeros_like(m)
-            metrics.update(ratio_metrics(torch.where(m, logp - old_logp, torch.zeros_like(logp)), m.float(), none, none))
+            metrics.update(ratio_metrics(torch.where(m, logp - old_logp, torch.zeros_like(logp)), m.float()))
     return loss, metrics
 
 

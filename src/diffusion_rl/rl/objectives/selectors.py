@@ -40,10 +40,16 @@ def _candidates(entropies: torch.Tensor, candidates: torch.Tensor | None) -> tor
     return torch.ones_like(entropies, dtype=torch.bool) if candidates is None else candidates.bool()
 
 
-def _pad(rows: list[torch.Tensor], K: int, device: torch.device) -> torch.Tensor:
-    out = torch.full((len(rows), K), -1, dtype=torch.long, device=device)
-    for b, r in enumerate(rows):
-        out[b, : r.numel()] = r
+def _per_row(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None,
+             pick: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Each row's candidate steps in increasing order: all of them when there are at most ``K``, else
+    ``pick(steps)``, ``K`` of them in step order; ``-1`` in the slots left over. (B, T) -> (B, K)"""
+    cand = _candidates(entropies, candidates).cpu()
+    out = torch.full((cand.shape[0], K), -1, dtype=torch.long, device=entropies.device)
+    for b in range(cand.shape[0]):
+        steps = cand[b].nonzero()[:, 0]  # (n,) increasing
+        row = steps if steps.numel() <= K else pick(steps)
+        out[b, : row.numel()] = row
     return out
 
 
@@ -82,30 +88,21 @@ def select_low_entropy(entropies: torch.Tensor, K: int, candidates: torch.Tensor
 def select_random(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
                   generator: torch.Generator | None = None) -> torch.Tensor:
     """The last candidate step and ``K - 1`` random others, in step order. (B, T) -> (B, K)"""
-    cand = _candidates(entropies, candidates).cpu()
-    rows = []
-    for b in range(cand.shape[0]):
-        steps = cand[b].nonzero()[:, 0]  # (n,) increasing
-        if steps.numel() <= K:
-            rows.append(steps)
-            continue
+
+    def pick(steps: torch.Tensor) -> torch.Tensor:  # (n,) -> (K,), n > K
         others = steps[:-1][torch.randperm(steps.numel() - 1, generator=generator)[: K - 1]]
-        rows.append(torch.cat([others.sort().values, steps[-1:]]))
-    return _pad(rows, K, entropies.device)
+        return torch.cat([others.sort().values, steps[-1:]])
+
+    return _per_row(entropies, K, candidates, pick)
 
 
 @SELECTORS.register("uniform")
 def select_uniform(entropies: torch.Tensor, K: int, candidates: torch.Tensor | None = None,
                    generator: torch.Generator | None = None) -> torch.Tensor:
     """``K`` evenly spaced candidate steps ending at the last one, in step order. (B, T) -> (B, K)"""
-    cand = _candidates(entropies, candidates).cpu()
-    rows = []
-    for b in range(cand.shape[0]):
-        steps = cand[b].nonzero()[:, 0]  # (n,) increasing
+
+    def pick(steps: torch.Tensor) -> torch.Tensor:  # (n,) -> (K,), n > K
         n = steps.numel()
-        if n <= K:
-            rows.append(steps)
-            continue
-        pick = (torch.arange(1, K + 1) * n) // K - 1  # (K,) strictly increasing since n > K, last = n - 1
-        rows.append(steps[pick])
-    return _pad(rows, K, entropies.device)
+        return steps[(torch.arange(1, K + 1) * n) // K - 1]  # strictly increasing since n > K, last = n - 1
+
+    return _per_row(entropies, K, candidates, pick)

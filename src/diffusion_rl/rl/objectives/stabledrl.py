@@ -60,18 +60,13 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.elbo import ELBOEstimator, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import ObjectiveConfig
+from diffusion_rl.rl.objectives.losses import ratio_metrics
 
 log = logging.getLogger(__name__)
 CLIPS = ("cap", "paper", "none", "ppo")
@@ -98,12 +93,10 @@ class StableDRLConfig(ObjectiveConfig):
         super().validate()
         if not self.eps > 0:
             raise ConfigError("objective.eps", self.eps, "must be > 0")
-        if self.clip not in CLIPS:
-            raise ConfigError("objective.clip", self.clip, f"allowed: {', '.join(CLIPS)}")
-        if self.normalize not in ("self", "group_size"):
-            raise ConfigError("objective.normalize", self.normalize, "allowed: self, group_size")
-        if self.surrogate not in (None, "elbo", "spg_mix"):
-            raise ConfigError("objective.surrogate", self.surrogate, "allowed: elbo, spg_mix, null (the likelihood's)")
+        check_choice("objective.clip", self.clip, CLIPS)
+        check_choice("objective.normalize", self.normalize, ("self", "group_size"))
+        if self.surrogate is not None:  # null: the likelihood's
+            check_choice("objective.surrogate", self.surrogate, ("elbo", "spg_mix"))
         if not self.eubo_beta > 0:
             raise ConfigError("objective.eubo_beta", self.eubo_beta, "must be > 0")
         if not 0 <= self.mix_weight <= 1:

@@ -77,7 +77,7 @@ from typing import ClassVar
 
 import torch
 
-from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.trace import (
     block_logps,
     masked_logps,
@@ -85,15 +85,10 @@ from diffusion_rl.likelihood.trace import (
     row_masks,
     trace_rounds,
 )
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
+from diffusion_rl.rl.objectives.losses import ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
 
 NORMS = ("auto", "block", "masked")
@@ -127,16 +122,13 @@ class TraceRLConfig(ObjectiveConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 < self.eps < 1:
-            raise ConfigError("objective.eps", self.eps, "must be in (0, 1)")
+        check_clip(self.eps)
         if self.beta_old < 0:
             raise ConfigError("objective.beta_old", self.beta_old, "must be >= 0")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError("objective.kl_estimator", self.kl_estimator, f"allowed: {', '.join(KL_ESTIMATORS)}")
+        check_choice("objective.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         if self.shrink < 1:
             raise ConfigError("objective.shrink", self.shrink, "must be >= 1 (steps merged per training row)")
-        if self.norm not in NORMS:
-            raise ConfigError("objective.norm", self.norm, f"allowed: {', '.join(NORMS)}")
+        check_choice("objective.norm", self.norm, NORMS)
         if not 0 <= self.pass_min <= self.pass_max <= 1:
             raise ConfigError("objective.pass_min", self.pass_min,
                               f"must satisfy 0 <= pass_min <= pass_max={self.pass_max} <= 1")
@@ -220,14 +212,9 @@ class TraceRL(Objective):
     token_credit = True
     needs_trajectory = True
     kl_agg = "token-mean"  # the optional reference KL (beta > 0): mean over every trained token
-
-    def __init__(self, cfg: TraceRLConfig, likelihood):
-        super().__init__(cfg, likelihood)
-        if getattr(likelihood.cfg, "name", "one_step") != "one_step":
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "objective=tracerl scores the rollout's own decoding rounds (likelihood/trace.py); "
-                              "leave likelihood at one_step")
-        self.block_size = 0  # the model's (bind): 0 = masked diffusion
+    needs_likelihood = LikelihoodNeed("objective=tracerl scores the rollout's own decoding rounds "
+                                      "(likelihood/trace.py); leave likelihood at one_step", one_step=True)
+    block_size = 0  # the model's (bind): 0 = masked diffusion
 
     def bind(self, bundle) -> None:
         self.block_size = int(bundle.block_size)

@@ -45,15 +45,10 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.rl.objectives.base import (
-    OBJECTIVES,
-    Forward,
-    LogpUnits,
-    Objective,
-    ObjectiveConfig,
-    StepContext,
-    ratio_metrics,
-)
+from diffusion_rl.models.policy import Forward
+from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
+from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
+from diffusion_rl.rl.objectives.losses import check_per_sample, ratio_metrics
 
 
 @dataclass
@@ -88,8 +83,7 @@ def wd1_loss(
     surrogate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """wd1's weighted log-likelihood loss and its metrics; a pure function of tensors (``surrogate`` unused)."""
-    if advantages.dim() == 2 and advantages.shape[1] != 1:
-        raise ValueError(f"wd1 needs one advantage per sample, got {tuple(advantages.shape)}")
+    check_per_sample(advantages, "wd1")
     G = group_size
     seq = torch.where(mask.bool(), logp.float(), torch.zeros_like(logp, dtype=torch.float)).sum(-1)  # (B,) S_i
     S = seq.reshape(-1, G)  # (B/G, G)
@@ -102,8 +96,7 @@ def wd1_loss(
         metrics = {"weights/ess": (1.0 / w_pos.pow(2).sum(-1)).mean(), "weights/max": w_pos.max()}
         if old_logp is not None:
             lr = logp.float() - old_logp.float()  # (B, L) per-token log-ratio
-            none = torch.zeros_like(lr, dtype=torch.bool)
-            metrics.update(ratio_metrics(lr, mask, none, none))
+            metrics.update(ratio_metrics(lr, mask))  # a diagnostic: nothing is clipped
     return loss, metrics
 
 
@@ -113,11 +106,8 @@ class WD1(Objective):
     cfg: WD1Config
     policy_loss = staticmethod(wd1_loss)
 
-    def __init__(self, cfg: WD1Config, likelihood):
-        super().__init__(cfg, likelihood)
-        if not likelihood.per_token:
-            raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "wd1 sums per-token log-probs: it needs a per-token estimator (one_step, d1's)")
+    needs_likelihood = LikelihoodNeed(
+        "wd1 sums per-token log-probs: it needs a per-token estimator (one_step, d1's)", per_token=True)
 
     def needs_old_logp(self) -> bool:
         return self.cfg.ratio_diagnostic
