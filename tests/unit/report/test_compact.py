@@ -13,7 +13,7 @@ import pytest
 
 from diffusion_rl.report.build import build_report
 from diffusion_rl.report.compact import REPORT_WIDTH, compact_folder
-from diffusion_rl.report.runs import load_run
+from diffusion_rl.report.runs import find_runs, load_run
 from tests.unit.report.test_report import ROOT, write_run
 
 KEPT = ("summary.json", ".hydra/config.yaml", ".hydra/overrides.yaml", "train.log")
@@ -98,3 +98,20 @@ def test_the_script_compacts_the_folders_it_is_given(recorded):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"{recorded}: 4 runs, 0 plots compacted; ")
     assert not list(recorded.rglob("metrics.csv")) and len(list(recorded.rglob("metrics.csv.xz"))) == 4
+
+
+def test_the_recorded_experiments_are_kept_compacted():
+    """docs/results holds each run's metrics compacted and none of what its command regenerates, and
+    palette plots at the report's width (``python scripts/compact_results.py docs/results/<name>``)."""
+    from PIL import Image
+
+    results = ROOT / "docs" / "results"
+    runs = find_runs(results)
+    assert len(runs) > 100
+    for run in runs:
+        files = {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()}
+        assert "metrics.csv.xz" in files, run
+        assert not files & {"metrics.csv", "eval_generations.jsonl", "samples.jsonl", ".hydra/hydra.yaml"}, run
+    for png in results.rglob("*.png"):
+        with Image.open(png) as img:
+            assert img.mode == "P" and img.width <= REPORT_WIDTH, png
