@@ -8,7 +8,8 @@ and Hydra's own settings (``.hydra/hydra.yaml``) go, since re-running the page's
 regenerates them. ``python src/report.py`` reads the compacted folder as it read the original
 (``diffusion_rl.report.compact`` says what is kept and how).
 
-    python src/report.py <multirun folder> --out docs/results/<name>   # after copying the runs in
+    cp -r <multirun folder>/* docs/results/<name>/      # the runs, beside the page's INTRO.md
+    python src/report.py docs/results/<name> --out docs/results/<name>
     python scripts/compact_results.py docs/results/<name>
 
 Running it again on a compacted folder changes nothing.
