@@ -2,8 +2,8 @@
 
 ``python src/report.py <run folder | multirun folder> [--out DIR]`` reads every run folder below the
 given one (a folder with ``.hydra/``), each run's ``metrics.csv`` (one row per optimizer step,
-docs/methods.md §6 names), ``summary.json`` and ``.hydra/overrides.yaml``, and writes into
-``<folder>/report/``:
+docs/methods.md §6 names; ``metrics.csv.xz`` where ``scripts/compact_results.py`` compacted it),
+``summary.json`` and ``.hydra/overrides.yaml``, and writes into ``<folder>/report/``:
 
 - ``heldout.png``: held-out accuracy: the validation split during RL (before RL at step 0, every
   ``eval.every_n_steps``, after RL); a single run shows each of its task's metrics;
@@ -43,6 +43,7 @@ from diffusion_rl.report.groups import (
 )
 from diffusion_rl.report.runs import (  # noqa: F401  (ema, RAW_ALPHA, find_runs, run_labels: the report's API)
     EVAL_PREFIX,
+    FIGSIZE,
     FINAL_WINDOW,
     RAW_ALPHA,
     SMOOTHED,
@@ -135,7 +136,7 @@ def plot_metric(runs: list[RunData], metric: str, title: str, path: Path, log_y:
     have = [r for r in runs if r.metrics.get(metric)]
     if not have:
         return False
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=FIGSIZE)
     cmap = plt.get_cmap("tab20" if len(runs) > 10 else "tab10")
     for i, r in enumerate(runs):
         pts = r.metrics.get(metric)
@@ -183,7 +184,7 @@ def plot_heldout(runs: list[RunData], path: Path) -> bool:
     if not metrics:
         return False
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=FIGSIZE)
     cmap = plt.get_cmap("tab20" if len(runs) * len(metrics) > 10 else "tab10")
     k = 0
     for r in runs:

@@ -17,6 +17,7 @@ start and the test items, ``conf/config.yaml``):
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import random
@@ -25,17 +26,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diffusion_rl.report.runs import (
+    FIGSIZE,
     FINAL_WINDOW,
     RAW_ALPHA,
     RunData,
     ema,
     finish_axes,
     fmt,
+    open_text,
     parse_overrides,
     pyplot,
 )
 
 BOOTSTRAP_RESAMPLES = 2000
+EVAL_GENERATIONS = "eval_generations.jsonl"  # the after-RL test evaluation, one line per item (train())
+EVAL_REWARDS = "eval_rewards.csv.xz"  # its rewards alone, where report/compact.py dropped the generations
 
 
 def condition(run: RunData, keys: list[str]) -> str:
@@ -79,7 +84,7 @@ def plot_grouped(groups: dict[str, list[RunData]], metric: str, title: str, path
                  smooth: float | None = None, hline: float | None = None, ylabel: str | None = None) -> bool:
     """Mean over seeds (line) and their range (band), one colour per condition."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=FIGSIZE)
     cmap = plt.get_cmap("tab20" if len(groups) > 10 else "tab10")
     drawn = False
     for i, (name, runs) in enumerate(groups.items()):
@@ -132,11 +137,16 @@ def grouped_table(groups: dict[str, list[RunData]]) -> str:
 
 
 def item_scores(run: RunData) -> list[float] | None:
-    """Per-item reward of the after-RL test evaluation (``eval_generations.jsonl``), in test order."""
-    path = run.path / "eval_generations.jsonl"
-    if not path.exists():
-        return None
-    return [float(json.loads(line)["reward"]) for line in path.read_text().splitlines() if line.strip()]
+    """Per-item reward of the after-RL test evaluation (``eval_generations.jsonl``, or the
+    ``eval_rewards.csv.xz`` kept of it), in test order."""
+    path = run.path / EVAL_GENERATIONS
+    if path.exists():
+        return [float(json.loads(line)["reward"]) for line in path.read_text().splitlines() if line.strip()]
+    path = run.path / EVAL_REWARDS
+    if path.exists():
+        with open_text(path) as f:
+            return [float(row["reward"]) for row in csv.DictReader(f)]
+    return None
 
 
 def run_seed(run: RunData) -> str:

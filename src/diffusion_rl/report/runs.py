@@ -1,16 +1,18 @@
 """Reading runs for the offline report: run folders, their metrics and summaries, labels, the per-run
 table, and the plotting helpers every panel shares (``report.py`` draws; ``report/groups.py`` groups
-seeds)."""
+seeds). A run's metrics are read as ``train()`` writes them (``metrics.csv``) or as
+``scripts/compact_results.py`` keeps them in ``docs/results`` (``metrics.csv.xz``)."""
 
 
 from __future__ import annotations
 
 import csv
 import json
+import lzma
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -20,6 +22,11 @@ FINAL_WINDOW = 5  # "final reward" = mean reward of the last 5 rollouts
 EVAL_PREFIX = "eval/"  # the test split's metrics before and after RL (training/evaluation.py)
 VAL_PREFIX = "val/"  # the validation split's metrics every eval.every_n_steps during RL
 _IGNORED_KEYS = ("hydra.", "paths.", "trainer.enable_progress_bar")
+METRICS = "metrics.csv"  # one row per logged step, as train() writes it
+METRICS_XZ = "metrics.csv.xz"  # the same rows and columns, compacted (report/compact.py)
+FIGSIZE = (9, 4.8)  # inches, every panel
+DPI = 88  # 792 x 422 pixels: the legend's 7-point labels stay legible
+PALETTE_SIZE = 40  # colours of a saved panel (palette_png)
 
 
 @dataclass
@@ -58,9 +65,9 @@ def load_run(path: Path) -> RunData:
     if ov.exists():
         overrides = [str(o) for o in (yaml.safe_load(ov.read_text()) or [])]
     metrics: dict[str, list[tuple[int, float]]] = {}
-    mpath = path / "metrics.csv"
-    if mpath.exists():
-        with open(mpath) as f:
+    mpath = next((p for p in (path / METRICS, path / METRICS_XZ) if p.exists()), None)
+    if mpath is not None:
+        with open_text(mpath) as f:
             for row in csv.DictReader(f):
                 step = int(float(row.get("step") or 0))
                 for k, v in row.items():
@@ -69,6 +76,11 @@ def load_run(path: Path) -> RunData:
     summary = _read_json(path / "summary.json")
     failure = _read_json(path / "failed.json")
     return RunData(path, overrides, metrics, summary, failure)
+
+
+def open_text(path: Path) -> IO[str]:
+    """A text file for reading, decompressed when it ends in ``.xz``."""
+    return lzma.open(path, "rt", newline="") if path.suffix == ".xz" else open(path, newline="")
 
 
 def _read_json(p: Path) -> dict[str, Any] | None:
@@ -195,7 +207,46 @@ def finish_axes(fig, ax, path: Path, ylabel: str, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
+    palette_png(path)
+
+
+def palette_png(path: Path, width: int | None = None) -> None:
+    """Rewrite the PNG at ``path`` with a palette of ``PALETTE_SIZE`` colours, several times smaller
+    than matplotlib's RGBA file: every line colour the panels draw (matplotlib's tab10 and tab20,
+    black, white) and then the image's most frequent colours (backgrounds, bands and their overlaps),
+    each pixel taking the nearest, without dithering. Wider than ``width``, it is first scaled down
+    by area averaging."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as img:
+        rgb = img.convert("RGB")
+    if width is not None and rgb.width > width:
+        rgb = rgb.resize((width, round(rgb.height * width / rgb.width)), Image.Resampling.BOX)
+    seen, counts = np.unique(np.asarray(rgb).reshape(-1, 3), axis=0, return_counts=True)  # (C, 3), (C,)
+    colours = _line_colours()
+    for i in np.argsort(-counts, kind="stable"):  # most frequent first, ties in RGB order
+        if len(colours) == PALETTE_SIZE:
+            break
+        c = (int(seen[i, 0]), int(seen[i, 1]), int(seen[i, 2]))
+        if c not in colours:
+            colours.append(c)
+    palette = Image.new("P", (1, 1))
+    palette.putpalette([v for c in colours for v in c])
+    rgb.quantize(palette=palette, dither=Image.Dither.NONE).save(path, optimize=True)
+
+
+def _line_colours() -> list[tuple[int, int, int]]:
+    import matplotlib
+
+    out: list[tuple[int, int, int]] = []
+    for name in ("tab10", "tab20"):
+        for c in matplotlib.colormaps[name].colors:  # type: ignore[attr-defined]
+            rgb = (round(255 * c[0]), round(255 * c[1]), round(255 * c[2]))
+            if rgb not in out:
+                out.append(rgb)
+    return [*out, (0, 0, 0), (255, 255, 255)]
 
 
 def clip_threshold(runs: list[RunData]) -> float | None:
