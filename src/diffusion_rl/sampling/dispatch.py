@@ -1,8 +1,9 @@
 """One way in to the samplers: :func:`sample` runs the one a policy needs.
 
-A block model (``PolicyBundle.block_size > 0``) fills its blocks left to right with the block sampler
-(``block.py``), over its exact key/value cache where the network has one; any other model runs the
-masked-diffusion sampler (``sampler.py``, with ``sampler.kv_cache`` on the network). Rollouts, tree
+A uniform-noise model (``PolicyBundle.noise == "uniform"``: DiffusionGemma) runs its EntropyBound
+sampler (``uniform_sampler.py``). A block model (``PolicyBundle.block_size > 0``) fills its blocks left
+to right with the block sampler (``block.py``), over its exact key/value cache where the network has
+one; any other model runs the masked-diffusion sampler (``sampler.py``, with ``sampler.kv_cache`` on the network). Rollouts, tree
 rollouts, IGPO's hinted resamples (through the rollout engine), evaluation and the benchmarks call
 this function, so none of them decides which sampler a model takes.
 """
@@ -17,6 +18,7 @@ from diffusion_rl.models.policy import PolicyBundle, logits_fn
 from diffusion_rl.sampling.block import block_generate
 from diffusion_rl.sampling.noise import RowNoise
 from diffusion_rl.sampling.sampler import SampleOutput, SamplerConfig, StepRecorder, generate
+from diffusion_rl.sampling.uniform_sampler import entropy_bound_generate
 
 
 def sample(bundle: PolicyBundle, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, cfg: SamplerConfig,
@@ -27,6 +29,11 @@ def sample(bundle: PolicyBundle, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     ``canvas`` (B, L): pinned tokens; ``start_step`` / ``stop_step``: a part of the masked-diffusion
     sampler's schedule (:func:`~diffusion_rl.sampling.sampler.generate`; tree rollouts)."""
     net = bundle.net if net is None else net
+    if bundle.noise == "uniform":  # no mask token: DiffusionGemma's EntropyBound sampler (uniform_sampler.py)
+        if (start_step, stop_step) != (0, None):
+            raise ValueError("a part of the schedule (start_step / stop_step) runs in the masked-diffusion sampler only")
+        return entropy_bound_generate(net, prompt_ids, prompt_mask, cfg, noise, recorder,  # type: ignore[arg-type]
+                                      eos_id=bundle.eos_token_id, canvas=canvas, free_id=bundle.mask_token_id)
     if bundle.block_size > 0:
         if (start_step, stop_step) != (0, None):
             raise ValueError("a part of the schedule (start_step / stop_step) runs in the masked-diffusion sampler only")
