@@ -28,10 +28,7 @@ import torch
 
 from diffusion_rl.likelihood.base import LIKELIHOODS, LikelihoodConfig, LikelihoodEstimator
 from diffusion_rl.likelihood.stepwise import stepwise_logps
-from diffusion_rl.sampling.trajectory import TrajectoryRecorder
-from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
-
-Trajectory = TrajectoryRecorder | UniformTrajectory
+from diffusion_rl.sampling.uniform_trajectory import Trajectory, UniformTrajectory
 
 
 def step_positions(traj: Trajectory, L: int) -> torch.Tensor:

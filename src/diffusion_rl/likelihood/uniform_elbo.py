@@ -94,6 +94,7 @@ class UniformELBOEstimator(LikelihoodEstimator):
 
     config_class = UniformELBOConfig
     cfg: UniformELBOConfig
+    per_token = False  # by default; per position with likelihood.per_token=true (set per instance)
 
     def __init__(self, cfg: UniformELBOConfig, mask_id: int):
         super().__init__(cfg, mask_id)

@@ -90,7 +90,7 @@ class DiffusionGemmaLM(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        self.model: Any = model  # transformers' DiffusionGemmaForBlockDiffusion (its attributes are dynamic)
 
     @property
     def config(self) -> Any:
@@ -280,7 +280,8 @@ def tiny_config(vocab_size: int, hidden: int, layers: int, heads: int, canvas_le
     text = {**RELEASED_TEXT, **tiny_text(hidden, layers, heads), "vocab_size": vocab_size,
             "pad_token_id": pad_id, "eos_token_id": eos_id, "bos_token_id": bos_id}
     return DiffusionGemmaConfig(text_config=text, vision_config={"model_type": "gemma4_vision", **TINY_VISION},
-                                canvas_length=canvas_length, eos_token_id=eos_id, tie_word_embeddings=True)
+                                canvas_length=canvas_length, tie_word_embeddings=True,
+                                eos_token_id=eos_id)  # type: ignore[call-arg]  # a PreTrainedConfig field
 
 
 @MODELS.register("diffusion_gemma_tiny")

@@ -234,9 +234,9 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
     if cfg.impl == "native":
         raw = _load("config", PreTrainedConfig.get_config_dict, cfg, src, local_files_only=local)[0]
         check_model_type(raw, src)
-        own = ARCHITECTURES.get(raw.get("model_type"))
-        if own is not None:
-            return own(cfg, src, local, {_dtype_kwarg(): DTYPES[cfg.dtype], **cfg.extra})
+        builder = ARCHITECTURES.get(raw.get("model_type"))
+        if builder is not None:
+            return builder(cfg, src, local, {_dtype_kwarg(): DTYPES[cfg.dtype], **cfg.extra})
         native = NATIVE.get(raw.get("model_type"))
     # our config class directly: released code imported in this process may have re-registered the type
     load_config = AutoConfig.from_pretrained if native is None else native.config_class.from_pretrained  # type: ignore[union-attr]

@@ -19,10 +19,12 @@ from diffusion_rl.sampling.block import block_generate
 from diffusion_rl.sampling.noise import RowNoise
 from diffusion_rl.sampling.sampler import SampleOutput, SamplerConfig, StepRecorder, generate
 from diffusion_rl.sampling.uniform_sampler import entropy_bound_generate
+from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
 
 
 def sample(bundle: PolicyBundle, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, cfg: SamplerConfig,
-           noise: RowNoise | None = None, recorder: StepRecorder | None = None, *, net: nn.Module | None = None,
+           noise: RowNoise | None = None, recorder: StepRecorder | UniformTrajectory | None = None, *,
+           net: nn.Module | None = None,
            canvas: torch.Tensor | None = None, start_step: int = 0, stop_step: int | None = None) -> SampleOutput:
     """Completions of ``prompt_ids`` (B, P) by the sampler ``bundle``'s model needs, with its mask and
     EOS ids. ``net``: the network to sample with (a frozen old-policy copy), else ``bundle.net``;
@@ -32,8 +34,10 @@ def sample(bundle: PolicyBundle, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     if bundle.noise == "uniform":  # no mask token: DiffusionGemma's EntropyBound sampler (uniform_sampler.py)
         if (start_step, stop_step) != (0, None):
             raise ValueError("a part of the schedule (start_step / stop_step) runs in the masked-diffusion sampler only")
-        return entropy_bound_generate(net, prompt_ids, prompt_mask, cfg, noise, recorder,  # type: ignore[arg-type]
+        assert recorder is None or isinstance(recorder, UniformTrajectory), "a uniform-noise sampler records whole steps"
+        return entropy_bound_generate(net, prompt_ids, prompt_mask, cfg, noise, recorder,
                                       eos_id=bundle.eos_token_id, canvas=canvas, free_id=bundle.mask_token_id)
+    assert not isinstance(recorder, UniformTrajectory), "a masking sampler records with TrajectoryRecorder"
     if bundle.block_size > 0:
         if (start_step, stop_step) != (0, None):
             raise ValueError("a part of the schedule (start_step / stop_step) runs in the masked-diffusion sampler only")

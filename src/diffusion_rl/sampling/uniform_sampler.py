@@ -29,8 +29,10 @@ the cache is checked against).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
-from torch import nn
 
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.sampling.entropy_bound import (
@@ -44,8 +46,9 @@ from diffusion_rl.sampling.sampler import SampleOutput, SamplerConfig
 from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
 
 
-def check_uniform_sampler(cfg: SamplerConfig, canvas_length: int) -> None:
-    """Fail in one line when the sampler cannot run a uniform-noise model with this canvas."""
+def check_uniform_sampler(cfg: SamplerConfig, net: Any) -> None:
+    """Fail in one line when the sampler cannot run the uniform-noise network ``net`` (its canvas)."""
+    canvas_length = int(net.canvas_length)
     cfg.uniform.validate()
     if cfg.gen_length % canvas_length:
         raise ConfigError("sampler.gen_length", cfg.gen_length,
@@ -57,6 +60,18 @@ def check_uniform_sampler(cfg: SamplerConfig, canvas_length: int) -> None:
             raise ConfigError(f"sampler.{key}", getattr(cfg, key),
                               f"a masked-diffusion sampler option; a uniform-noise model runs the EntropyBound sampler "
                               f"(sampler.uniform.*): leave it at {default!r}")
+
+
+@dataclass
+class _Tally:
+    """Per row: the entropy summed over the accepted tokens and their number; per call: forwards, query
+    tokens and steps (what :class:`SampleOutput` reports)."""
+
+    entropy_sum: torch.Tensor  # (B,) float64
+    count: torch.Tensor  # (B,) long
+    forwards: int = 0
+    tokens: int = 0
+    steps: int = 0
 
 
 class _Draws:
@@ -88,7 +103,7 @@ class _Draws:
 
 @torch.no_grad()
 def entropy_bound_generate(
-    net: nn.Module,
+    net: Any,  # a DiffusionGemmaLM, or a wrapper of one (peft, FSDP)
     prompt_ids: torch.Tensor,  # (B, P) left-padded
     prompt_mask: torch.Tensor | None,  # (B, P) 1 = real token, or None
     cfg: SamplerConfig,
@@ -101,7 +116,7 @@ def entropy_bound_generate(
 ) -> SampleOutput:
     """Sample ``sampler.gen_length`` tokens canvas by canvas (see the module docstring)."""
     C, V = int(net.canvas_length), int(net.vocab_size)
-    check_uniform_sampler(cfg, C)
+    check_uniform_sampler(cfg, net)
     B, L = prompt_ids.shape[0], cfg.gen_length
     device = prompt_ids.device
     mask = torch.ones_like(prompt_ids, dtype=torch.bool) if prompt_mask is None else prompt_mask.bool()
@@ -110,8 +125,7 @@ def entropy_bound_generate(
     draws = _Draws(noise, V, device)
     completion = torch.zeros(B, L, dtype=prompt_ids.dtype, device=device)
     ended = torch.zeros(B, dtype=torch.bool, device=device)
-    stats = {"entropy_sum": torch.zeros(B, dtype=torch.float64, device=device),
-             "count": torch.zeros(B, dtype=torch.long, device=device), "forwards": 0, "tokens": 0, "steps": 0}
+    stats = _Tally(torch.zeros(B, dtype=torch.float64, device=device), torch.zeros(B, dtype=torch.long, device=device))
     context, cache = prompt_ids, (net.new_cache() if use_cache else None)
     done = 0
     for k in range(L // C):
@@ -133,13 +147,13 @@ def entropy_bound_generate(
         filled = float(L - done * C)
     if recorder is not None:
         recorder.finish(completion)
-    return SampleOutput(torch.cat([prompt_ids, completion], 1), completion, stats["entropy_sum"], stats["count"],
-                        None, stats["forwards"], stats["tokens"], stats["steps"], filled, 0.0)
+    return SampleOutput(torch.cat([prompt_ids, completion], 1), completion, stats.entropy_sum, stats.count,
+                        None, stats.forwards, stats.tokens, stats.steps, filled, 0.0)
 
 
-def _denoise_canvas(net: nn.Module, context: torch.Tensor, mask: torch.Tensor, cache, pinned: torch.Tensor,
+def _denoise_canvas(net: Any, context: torch.Tensor, mask: torch.Tensor, cache: Any, pinned: torch.Tensor,
                     given: torch.Tensor, ended: torch.Tensor, draws: _Draws, cfg: SamplerConfig,
-                    recorder: UniformTrajectory | None, k: int, stats: dict) -> tuple[torch.Tensor, object]:
+                    recorder: UniformTrajectory | None, k: int, stats: _Tally) -> tuple[torch.Tensor, Any]:
     """One canvas: its argmax tokens (B, C) and the cache (now holding ``context``)."""
     eb = cfg.uniform
     B, C = pinned.shape
@@ -156,9 +170,9 @@ def _denoise_canvas(net: nn.Module, context: torch.Tensor, mask: torch.Tensor, c
                   cache=cache if cache is not None else None, soft_temperature=T)
         if cache is not None:
             cache = out.cache
-        stats["forwards"] += 1 + (feed is not None)
-        stats["tokens"] += C + (0 if feed is None else feed.shape[1])
-        stats["steps"] += 1
+        stats.forwards += 1 + (feed is not None)
+        stats.tokens += C + (0 if feed is None else feed.shape[1])
+        stats.steps += 1
         first = False
         processed = out.logits / T  # (B, C, V)
         drawn = draws.sample(torch.softmax(processed, dim=-1, dtype=torch.float32), ~finished)
@@ -172,8 +186,8 @@ def _denoise_canvas(net: nn.Module, context: torch.Tensor, mask: torch.Tensor, c
         logp = processed.log_softmax(-1).gather(-1, drawn[..., None])[..., 0]  # (B, C) at T
         if recorder is not None:
             recorder.on_step(k, float(T), x, signal, taken, drawn, logp, entropy, new_argmax)
-        stats["entropy_sum"] += (entropy.double() * taken).sum(-1)
-        stats["count"] += taken.sum(-1)
+        stats.entropy_sum += (entropy.double() * taken).sum(-1)
+        stats.count += taken.sum(-1)
         # a stopped row is frozen: its canvas, argmax and self-conditioning stay those of its last step
         new_argmax = torch.where(finished[:, None], argmax, new_argmax)
         x = torch.where(finished[:, None], x, nxt)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+
 
 class UniformTrajectory:
     """A uniform-noise sampler's recorded steps (see the module docstring)."""
@@ -151,3 +153,6 @@ class UniformTrajectory:
         held = [self.final, *self.canvas, *self.signal, *self.accepted, *self.tokens, *self.token_logps,
                 *self._entropies, *self.greedy]
         return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+
+Trajectory = TrajectoryRecorder | UniformTrajectory  # what a rollout records: a masking or a uniform-noise sampler's steps

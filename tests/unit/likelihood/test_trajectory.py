@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from diffusion_rl.likelihood.trajectory import TrajectoryEstimator, TrajectoryLikelihoodConfig, replay_logps
+from diffusion_rl.likelihood.trajectory import (
+    TrajectoryEstimator,
+    TrajectoryLikelihoodConfig,
+    replay_logps,
+)
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig, step_temperature
@@ -41,6 +45,12 @@ def test_every_recorded_step_replays_to_the_samplers_log_probs():
     want = traj.position_logps(16)[sample_, step]
     assert set(traj.canvas_of) == {0, 1} and torch.allclose(got, want, atol=1e-4)
     assert torch.allclose(total, traj.logps.sum(-1), atol=1e-3) and (total < 0).all()
+    rows = torch.tensor([2, 0])  # dynamic sampling keeps some rows: their steps replay as before
+    kept = traj.select(rows)
+    with torch.no_grad():
+        again = TrajectoryEstimator(TrajectoryLikelihoodConfig(), -1)(fwd, ids[rows], mask[rows], comp[rows],
+                                                                      torch.ones_like(comp[rows]), [], trajectory=kept)
+    assert torch.allclose(again, total[rows], atol=1e-4) and torch.equal(kept.final, comp[rows])
 
 
 def test_the_replay_equals_transformers_forward_step_after_step():

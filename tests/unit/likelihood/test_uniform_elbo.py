@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_rl.likelihood.uniform_elbo import UniformELBOConfig, UniformELBOEstimator, phi_exp, udlm_terms
+from diffusion_rl.likelihood.uniform_elbo import (
+    UniformELBOConfig,
+    UniformELBOEstimator,
+    phi_exp,
+    udlm_terms,
+)
 from diffusion_rl.models.policy import logits_fn
 from tests.helpers.gemma import sharp_gemma
 

@@ -80,6 +80,7 @@ class CoupledGRPO(GRPO):
     config_class = CoupledGRPOConfig
     cfg: CoupledGRPOConfig
     policy_loss = staticmethod(coupled_grpo_loss)
+    uniform_likelihoods = ()  # its coupled masks need a mask token (GRPO's uniform-noise likelihoods do not apply)
 
     def __init__(self, cfg: CoupledGRPOConfig, likelihood):
         super().__init__(cfg, likelihood)

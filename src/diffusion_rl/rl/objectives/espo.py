@@ -122,12 +122,14 @@ class ESPO(Objective):
     config_class = ESPOConfig
     cfg: ESPOConfig
     policy_loss = staticmethod(espo_loss)
+    uniform_likelihoods = ("uniform_elbo",)  # with likelihood.per_token=true: its per-position terms
 
     def __init__(self, cfg: ESPOConfig, likelihood):
         super().__init__(cfg, likelihood)
         if not likelihood.per_token:
             raise ConfigError("likelihood.name", likelihood.cfg.name,
-                              "espo sums per-position terms: use stratified (its own), complementary or one_step")
+                              "espo sums per-position terms: use stratified (its own), complementary or one_step "
+                              "(a uniform-noise model: uniform_elbo with likelihood.per_token=true)")
 
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the ELBO covers (``elbo_tokens``)."""

@@ -106,6 +106,8 @@ class GRPO(Objective):
     cfg: GRPOConfig
     policy_loss = staticmethod(grpo_loss)
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "per_token")
+    # a uniform-noise model: the sampler's trajectory likelihood or the uniform-noise ELBO, per sequence
+    uniform_likelihoods: ClassVar[tuple[str, ...]] = ("trajectory", "uniform_elbo")
 
     def __init__(self, cfg: GRPOConfig, likelihood):
         super().__init__(cfg, likelihood)

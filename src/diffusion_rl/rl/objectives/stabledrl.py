@@ -174,6 +174,7 @@ class StableDRL(Objective):
     config_class = StableDRLConfig
     cfg: StableDRLConfig
     policy_loss = staticmethod(stabledrl_loss)
+    uniform_likelihoods = ("uniform_elbo",)  # a uniform-noise model's ELBO (objective.surrogate=elbo)
 
     def __init__(self, cfg: StableDRLConfig, likelihood):
         super().__init__(cfg, likelihood)
