@@ -145,3 +145,20 @@ def test_lora_adapters_are_shared_by_the_encoder_and_the_decoder(tmp_path):
         with b.net.disable_adapter():
             base = fwd.run(input_ids=ctx, canvas=canvas).logits
     assert not torch.allclose(adapted, base, atol=1e-4)
+
+
+def test_fsdp_shards_each_encoder_layer_with_its_decoder_twin():
+    """A parameter is sharded by one FSDP2 unit: the encoder layer i and decoder layer i share every weight
+    (experts and router included), so they are one unit; unrelated layers stay apart (the two-process
+    runs: tests/e2e/test_diffusion_gemma_fsdp.py, slow tier)."""
+    from diffusion_rl.training.strategy import decoder_layer_classes, sharing_groups
+
+    b = build_policy(ModelConfig(name="diffusion_gemma_tiny", d_model=32, n_layers=3, block_size=8))
+    layers = [m for m in b.net.modules() if type(m) in decoder_layer_classes(b.net)]
+    groups = sharing_groups(layers)
+    text = [g for g in groups if "TextLayer" in type(g[0]).__name__]
+    assert [len(g) for g in text] == [2, 2, 2] and all(len(g) == 1 for g in groups if g not in text)  # vision: alone
+    for enc, dec in text:
+        assert type(enc).__name__.endswith("EncoderTextLayer") and type(dec).__name__.endswith("DecoderTextLayer")
+        assert enc.experts.gate_up_proj is dec.experts.gate_up_proj
+    assert [len(g) for g in sharing_groups([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])] == [1, 1]
