@@ -11,12 +11,14 @@ import json
 import pytest
 import torch
 
+from diffusion_rl.app.evaluate import evaluate_checkpoint
 from diffusion_rl.app.train import build, train
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives import OBJECTIVES, StepContext
 from diffusion_rl.rl.rollout import RolloutEngine
 from tests.helpers.common import compose_cfg
+from tests.unit.tasks.test_text_tasks import compose_eval
 
 GEMMA = ["model=diffusion_gemma_tiny", "sampler.uniform.steps=4", "task=sudoku", "eval.before=false",
          "eval.after=false"]
@@ -36,14 +38,19 @@ APPLY = {
 
 def test_the_issue_command_runs_tracerl_on_sudoku(tmp_path):
     """``model=diffusion_gemma_tiny objective=tracerl task=sudoku trainer.max_steps=2`` (warm start included):
-    two updates whose rows replay the sampler's own log-probs (mismatch 0 to float precision)."""
-    summary = train(compose_cfg([*GEMMA, "objective=tracerl", "trainer.max_steps=2"], tmp_path), tmp_path / "run")
+    two updates whose rows replay the sampler's own log-probs (mismatch 0 to float precision); src/eval.py
+    scores the checkpoint (its frozen routers and vision tower left out of it, rebuilt as trained) as the run
+    scored its policy at the end."""
+    over = [*GEMMA, "objective=tracerl", "trainer.max_steps=2", "eval.after=true"]
+    summary = train(compose_cfg(over, tmp_path), tmp_path / "run")
     assert summary["optimizer_steps"] == 2 and summary["warm_start"]["steps"] == 3
     rows = [r for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv")) if r.get("train/loss")]
     assert len(rows) == 2 and all(float(r["tracerl/rows"]) > 0 for r in rows)
     assert abs(float(rows[0]["rollout/mismatch_log_ratio"])) < 1e-4 and float(rows[0]["ratio/log_std"]) == 0
     cfg = json.load(open(tmp_path / "run" / "summary.json"))["config"]
     assert cfg["model"]["name"] == "diffusion_gemma_tiny" and cfg["sampler"]["uniform"]["steps"] == 4
+    scored = evaluate_checkpoint(compose_eval([f"ckpt_path={tmp_path / 'run'}"], tmp_path), tmp_path / "ev")
+    assert scored["cell_accuracy"] == pytest.approx(summary["after"]["cell_accuracy"])
 
 
 @pytest.mark.parametrize("name", sorted(APPLY))
@@ -90,6 +97,9 @@ def test_an_objective_that_reads_masked_positions_refuses_in_one_line(tmp_path, 
     (["objective=espo", "likelihood=uniform_elbo"], "likelihood.name='uniform_elbo'", "likelihood.per_token=true"),
     (["objective=tracerl", "objective.shrink=8"], "objective.shrink=8", "must be 1"),
     (["objective=grpo", "likelihood=trajectory", "model.block_size=12"], "sampler.gen_length=16", "canvas_length=12"),
+    (["objective=grpo", "likelihood=uniform_elbo", "rollout.tree.branches=[2,2]"], "rollout.tree.branches",
+     "masked-diffusion sampler"),
+    (["objective=tracerl", "sampler.kv_cache=prefix"], "sampler.kv_cache='prefix'", "sampler.uniform"),
 ])
 def test_a_setting_that_needs_a_mask_token_refuses_in_one_line(tmp_path, overrides, key, hint):
     with pytest.raises(ConfigError) as err:

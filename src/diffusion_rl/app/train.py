@@ -208,6 +208,9 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     objective = obj_cls(obj_cfg, likelihood)
     objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
     check_noise(bundle, objective)  # no mask token: the objectives and likelihoods that read masks refuse
+    if bundle.noise == "uniform" and run.rollout.tree.enabled:
+        raise ConfigError("rollout.tree.branches", run.rollout.tree.branches,
+                          "tree rollouts run the masked-diffusion sampler, which a uniform-noise model has not")
     objective.rollout_sampler(sampler).validate()  # an objective with its own rollout order (justgrpo) checks it here
     objective.check_advantage(advantage.cfg.name)
     check_trajectory_sampler(sampler, objective)

@@ -293,6 +293,7 @@ def build_tiny(cfg: ModelConfig) -> PolicyBundle:
 
     if cfg.block_size < 1:
         raise ConfigError("model.block_size", cfg.block_size, "the tiny DiffusionGemma's canvas length: must be >= 1")
+    check_model_options(cfg, cfg.block_size)
     tok = CharTokenizer()
     config = tiny_config(tok.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.block_size, tok.pad_token_id,
                          tok.eos_token_id, tok.bos_token_id)
