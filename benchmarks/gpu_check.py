@@ -42,6 +42,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion  # noqa: E402
+
 from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator  # noqa: E402
 from diffusion_rl.likelihood.staircase import StaircaseConfig, StaircaseEstimator  # noqa: E402
 from diffusion_rl.models.adapters import prepare_for_training  # noqa: E402
@@ -83,10 +85,16 @@ RELEASED = {
     "sdar_1_7b_chat": (SDARForCausalLM, SDARConfig(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
                                                    num_hidden_layers=28, intermediate_size=6144, block_size=4)),
     "llada2_mini / llada2_1_mini": (LLaDA2MoeModelLM, LLaDA2Config(block_size=32)),  # one config.json
+    # transformers' own class on the released config.json (tests/fixtures/released/, SOURCES.json)
+    "diffusion_gemma": (DiffusionGemmaForBlockDiffusion, DiffusionGemmaConfig.from_dict(json.loads(
+        (ROOT / "tests/fixtures/released/DiffusionGemma-26B-A4B-it/config.json").read_text()))),
 }
 LORA = {"llada": r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)",
         # the preset's regular expression (attention, the dense layer, the shared experts)
-        "llada2_moe": yaml.safe_load((Path(__file__).resolve().parents[1] / "conf/model/llada2_mini.yaml").read_text())["lora_targets"]}
+        "llada2_moe": yaml.safe_load((Path(__file__).resolve().parents[1] / "conf/model/llada2_mini.yaml").read_text())["lora_targets"],
+        # attention and dense MLPs of every text layer, the self-conditioning MLP; the encoder's adapters are
+        # its decoder twin's (one weight, one adapter: lora_params counts a shared weight once)
+        "diffusion_gemma": yaml.safe_load((ROOT / "conf/model/diffusion_gemma.yaml").read_text())["lora_targets"]}
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0, "A800": 312.0,
                "L40S": 362.0, "L40": 181.0, "A10G": 70.0, "A10": 125.0, "L4": 121.0, "RTX 4090": 165.0,
                "RTX 6000 Ada": 364.0, "A6000": 155.0}  # dense bf16 tensor-core peaks from the vendors' sheets
@@ -122,7 +130,8 @@ def memory_table() -> None:
     for name, (cls, config) in RELEASED.items():
         n, _ = params(cls, config)
         lora = lora_params(cls, config, 128)
-        vocab = (getattr(config, "embedding_size", None) or config.vocab_size)
+        text = config.get_text_config()  # a multimodal config (DiffusionGemma) keeps its sizes in text_config
+        vocab = getattr(text, "embedding_size", None) or text.vocab_size
         print(f"| {name} | {n / 1e9:.2f} B | {lora / 1e6:.0f} M | {2 * n / gib:.1f} GiB | {(2 * n + 16 * lora) / gib:.1f} GiB "
               f"| {16 * n / gib:.0f} GiB | {1000 * vocab * 8 / gib:.2f} GiB |")
 
@@ -134,11 +143,13 @@ def lora_params(cls, config, r: int) -> int:
     total = 0
     import re
 
+    seen: set[int] = set()  # a weight shared by two modules (DiffusionGemma's encoder and decoder) has one adapter
     for name, mod in m.named_modules():
-        if not isinstance(mod, torch.nn.Linear):
+        if not isinstance(mod, torch.nn.Linear) or id(mod.weight) in seen:
             continue
         hit = re.fullmatch(targets, "model." + name) if targets else name.rsplit(".", 1)[-1] in ModelConfig().lora_targets
         if hit:
+            seen.add(id(mod.weight))
             total += r * (mod.in_features + mod.out_features)
     return total
 

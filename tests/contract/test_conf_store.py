@@ -151,3 +151,14 @@ def test_an_overlay_sets_only_what_differs_and_builds(tmp_path, group, option):
             restated.append(f"{key}={value} ({settings[i - 1][0]} gives it)")
     assert not restated, f"{label} restates {'; '.join(restated)}: delete them"
     build(compose_cfg(choices, tmp_path, tiny=False))  # every value validates
+
+
+def test_the_main_config_sets_no_group_value():
+    """conf/config.yaml is the defaults list (the precedence), not a place that sets values: a value there
+    would be a fourth place beside the dataclass, the group files and the experiment or command line."""
+    own = own_keys_of_file(CONF / "config.yaml")
+    assert set(own) == {"task", "hydra"} and own["task"] == {"seed": "${warmstart.seed}"}
+
+
+def own_keys_of_file(path) -> dict:
+    return {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path), resolve=False).items() if k != "defaults"}

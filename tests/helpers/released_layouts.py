@@ -265,11 +265,73 @@ def write_checkpoint(arch: str, folder: Path | str, real_ids: bool = True, seed:
     return folder
 
 
+# ---- DiffusionGemma: transformers' own class, so its save_pretrained writes the layout it loads ----------
+DIFFUSION_GEMMA = "DiffusionGemma-26B-A4B-it"
+# the sizes, and only those, differ from the released config.json (the vocabulary is the stand-in
+# tokenizer's: 4 specials at Gemma's ids 0-3, then the characters)
+DIFFUSION_GEMMA_TINY = {
+    "text_config": {"hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "num_global_key_value_heads": 1,
+                    "head_dim": 8, "global_head_dim": 16, "num_experts": 4, "top_k_experts": 2,
+                    "layer_types": ["sliding_attention", "full_attention"]},
+    "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                      "num_key_value_heads": 2, "head_dim": 8, "global_head_dim": 8, "position_embedding_size": 64},
+    "canvas_length": 16,
+}
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's ids 0, 1, 2, 3
+
+
+def diffusion_gemma_config() -> dict:
+    """The released ``config.json`` with tiny sizes and the stand-in vocabulary."""
+    cfg = json.loads((FIXTURES / DIFFUSION_GEMMA / "config.json").read_text())
+    vocab = len(GEMMA_SPECIALS) + len(CHARS)
+    cfg["text_config"] = {**cfg["text_config"], **DIFFUSION_GEMMA_TINY["text_config"], "vocab_size": vocab}
+    cfg["vision_config"] = {**cfg["vision_config"], **DIFFUSION_GEMMA_TINY["vision_config"]}
+    cfg["canvas_length"] = DIFFUSION_GEMMA_TINY["canvas_length"]
+    return cfg
+
+
+def write_diffusion_gemma(folder: Path | str, seed: int = 0, scale: float = 1.0) -> Path:
+    """A tiny random DiffusionGemma checkpoint from the released config.json (transformers' class saves it:
+    no weight name of ours is involved) and a stand-in character tokenizer with Gemma's specials at their
+    ids. ``scale`` multiplies the embeddings (tied to the head): larger makes a confident model whose
+    sampler accepts several tokens a step and stops early."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import (
+        DiffusionGemmaConfig,
+        DiffusionGemmaForBlockDiffusion,
+        PreTrainedTokenizerFast,
+    )
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = DiffusionGemmaForBlockDiffusion(DiffusionGemmaConfig.from_dict(diffusion_gemma_config()))
+    with torch.no_grad():
+        model.model.decoder.embed_tokens.weight.mul_(scale)
+    model.save_pretrained(folder)
+    # transformers writes its own serialisation (per_layer_config for global_head_dim and
+    # num_global_key_value_heads) and a default generation_config.json: the released keys instead, and no
+    # generation config (none was found to copy)
+    (folder / "config.json").write_text(json.dumps(diffusion_gemma_config(), indent=1))
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    vocab = {t: i for i, t in enumerate(GEMMA_SPECIALS + CHARS)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                            unk_token="<unk>", padding_side="left").save_pretrained(folder)
+    return folder
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("arch", choices=sorted(RELEASE))
+    parser.add_argument("arch", choices=sorted(RELEASE) + ["diffusion_gemma"])
     parser.add_argument("folder")
     parser.add_argument("--small-vocab", action="store_true", help="renumber the special tokens after the characters")
     args = parser.parse_args()
+    if args.arch == "diffusion_gemma":
+        print(f"wrote a tiny DiffusionGemma checkpoint to {write_diffusion_gemma(args.folder)}")
+        raise SystemExit
     path = write_checkpoint(args.arch, args.folder, real_ids=not args.small_vocab)
     print(f"wrote a tiny {args.arch} checkpoint built from {RELEASE[args.arch]}'s released files to {path}")

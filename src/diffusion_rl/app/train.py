@@ -30,9 +30,11 @@ from diffusion_rl.models.build import base_identity, build_policy
 from diffusion_rl.models.policy import ModelConfig, PolicyBundle, check_cache_support
 from diffusion_rl.rl.advantages import ADVANTAGES, AdvantageEstimator
 from diffusion_rl.rl.objectives import OBJECTIVES, Objective
+from diffusion_rl.rl.objectives.base import check_noise
 from diffusion_rl.rl.rollout import RolloutConfig, check_tree
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import check_block_sampler
+from diffusion_rl.sampling.uniform_sampler import check_uniform_sampler
 from diffusion_rl.tasks import TASKS, Task, TaskDataModule
 from diffusion_rl.training.callbacks import DiagnosticsCallback
 from diffusion_rl.training.checkpoint import (
@@ -199,12 +201,18 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     task.use_tokenizer(bundle.tokenizer)  # chat prompts use the model's chat template
     likelihood = lik_cls(lik_cfg, bundle.mask_token_id)
     likelihood.bind(bundle)  # an estimator that depends on the model checks it here (staircase: a block model)
-    if bundle.block_size > 0:
+    if bundle.noise == "uniform":  # DiffusionGemma: its own sampler (sampling/uniform_sampler.py)
+        check_uniform_sampler(sampler, bundle.net)
+    elif bundle.block_size > 0:
         check_block_sampler(sampler, bundle.block_size)
     else:
         check_cache_support(bundle.net, sampler.kv_cache)
     objective = obj_cls(obj_cfg, likelihood)
     objective.bind(bundle)  # an objective that depends on the model checks it here (tracerl: block or masked)
+    check_noise(bundle, objective)  # no mask token: the objectives and likelihoods that read masks refuse
+    if bundle.noise == "uniform" and run.rollout.tree.enabled:
+        raise ConfigError("rollout.tree.branches", run.rollout.tree.branches,
+                          "tree rollouts run the masked-diffusion sampler, which a uniform-noise model has not")
     objective.rollout_sampler(sampler).validate()  # an objective with its own rollout order (justgrpo) checks it here
     objective.check_advantage(adv_cfg)  # before the estimator's own checks: a wrong estimator is the first error
     advantage = adv_cls(adv_cfg)

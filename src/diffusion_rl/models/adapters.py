@@ -96,7 +96,7 @@ def add_lora(net: nn.Module, cfg: ModelConfig) -> nn.Module:
         bias="none",
     )
     try:
-        return get_peft_model(net, lora)
+        wrapped = get_peft_model(net, lora)
     except ValueError as err:  # no module matched
         names = sorted(
             {n.rsplit(".", 1)[-1] for n, m in net.named_modules() if isinstance(m, nn.Linear)}
@@ -106,6 +106,10 @@ def add_lora(net: nn.Module, cfg: ModelConfig) -> nn.Module:
             cfg.lora_targets,
             f"matched no module ({str(err).splitlines()[0][:120]}); linear layers here: {', '.join(names)}",
         ) from err
+    tie = getattr(net, "tie_adapters", None)  # a network whose modules share weights shares their adapters too
+    if callable(tie):
+        tie()
+    return wrapped
 
 
 def has_adapter(net: nn.Module) -> bool:

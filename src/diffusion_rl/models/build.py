@@ -69,10 +69,13 @@ def files_digest(folder: Path, cache_dir: str | None) -> str:
     return digest
 
 
-def tensors_digest(net: torch.nn.Module) -> str:
-    """sha256 over a network's state dict (names, dtypes, shapes and bytes), for a model built here."""
+def tensors_digest(net: torch.nn.Module, names: set[str] | None = None) -> str:
+    """sha256 over a network's state dict (names, dtypes, shapes and bytes), for a model built here;
+    ``names``: those entries only."""
     h = hashlib.sha256()
     for name, t in sorted(net.state_dict().items()):
+        if names is not None and name not in names:
+            continue
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
@@ -83,11 +86,15 @@ def base_identity(bundle: PolicyBundle, cfg: ModelConfig, cache_dir: str | None)
     leaves out the frozen weights (a LoRA base, a frozen reference copy) is resumed or evaluated on.
 
     A model folder (``model.path``): its path and the sha256 of its weight files; a hub id: the id
-    (its files live in the hub's cache); the embedded model: the sha256 of its tensors as built (after
-    the warm start)."""
+    (its files live in the hub's cache); a model built in-process (the embedded one, the tiny
+    DiffusionGemma): the sha256 of its frozen tensors as built (after the warm start), the ones a
+    checkpoint leaves out -- its trained tensors are in the checkpoint (a full fine-tune of a model with
+    frozen routers is evaluated on the same initial routers whatever the warm start did to the rest);
+    with none frozen, of every tensor (the warm start the run's reference policy is)."""
     if cfg.path:
         folder = Path(cfg.path).expanduser()
         if folder.is_dir():
             return {"path": str(folder.resolve()), "sha256": files_digest(folder, cache_dir)}
         return {"path": cfg.path, "sha256": None}
-    return {"path": f"embedded:{cfg.name}", "sha256": tensors_digest(bundle.net)}
+    frozen = {n for n, p in bundle.net.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {"path": f"embedded:{cfg.name}", "sha256": tensors_digest(bundle.net, frozen or None)}

@@ -38,6 +38,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,11 @@ from diffusion_rl.models.native import NATIVE, NativeDiffusionLM, NativeLM, load
 from diffusion_rl.models.policy import DTYPES, MODELS, ModelConfig, PolicyBundle
 
 log = logging.getLogger(__name__)
+
+# model_type -> the builder of an architecture whose policy network is its own, not HFDiffusionLM
+# (DiffusionGemma's encoder, canvas and self-conditioning: models/diffusion_gemma.py registers itself);
+# called as builder(cfg, source, is_local, from_pretrained kwargs)
+ARCHITECTURES: dict[str, Callable[..., PolicyBundle]] = {}
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _EXPECTED = "expected a Hugging Face model folder (config.json, weights, tokenizer files) or a hub id like org/name"
@@ -228,6 +234,9 @@ def build_hf(cfg: ModelConfig) -> PolicyBundle:
     if cfg.impl == "native":
         raw = _load("config", PreTrainedConfig.get_config_dict, cfg, src, local_files_only=local)[0]
         check_model_type(raw, src)
+        builder = ARCHITECTURES.get(raw.get("model_type"))
+        if builder is not None:
+            return builder(cfg, src, local, {_dtype_kwarg(): DTYPES[cfg.dtype], **cfg.extra})
         native = NATIVE.get(raw.get("model_type"))
     # our config class directly: released code imported in this process may have re-registered the type
     load_config = AutoConfig.from_pretrained if native is None else native.config_class.from_pretrained  # type: ignore[union-attr]

@@ -33,6 +33,9 @@ AUTO_CLASSES = ("auto", "AutoModel", "AutoModelForMaskedLM", "AutoModelForCausal
 ATTENTION = ("native", "bidirectional", "block_causal")
 IMPLS = ("native", "remote")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the mask id of a uniform-noise model (DiffusionGemma: a noised position holds a random token, there is
+# no mask token); PolicyBundle.noise says which kind a model is
+NO_MASK = -1
 
 
 @dataclass
@@ -125,6 +128,9 @@ class PolicyBundle:
     pad_token_id: int
     block_size: int = 0
     custom_attention_mask: bool = True  # see ModelConfig.custom_attention_mask
+    # mask: noised positions hold mask_token_id (LLaDA, Dream, SDAR, LLaDA2, the embedded model); uniform:
+    # they hold random tokens and mask_token_id is NO_MASK (DiffusionGemma, models/diffusion_gemma.py)
+    noise: str = "mask"
 
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each (B, H, S, Dh), rotary applied

@@ -13,6 +13,7 @@ import torch
 from diffusion_rl.core.distributed import Shard
 from diffusion_rl.rl.tree import Tree
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.sampling.uniform_trajectory import Trajectory, UniformTrajectory
 
 
 @dataclass
@@ -36,7 +37,8 @@ class Rollout:
     reward_components: dict[str, torch.Tensor]  # reward function name -> (n,) its unweighted values
     advantages: torch.Tensor  # (n,) or (n, K) per selected step, from the advantage estimator
     shard: Shard = field(default_factory=Shard)
-    trajectory: TrajectoryRecorder | None = None  # the sampler's recorded steps (EGSPO)
+    # the sampler's recorded steps (EGSPO); a uniform-noise sampler's are a UniformTrajectory (DiffusionGemma)
+    trajectory: Trajectory | None = None
     selected_steps: torch.Tensor | None = None  # (n, K) steps an objective trains on, -1 = unused slot
     metrics: dict[str, float] = field(default_factory=dict)  # logged with the first inner update
     loss_mask: torch.Tensor | None = None  # (n, L) 1 = a token the reward reads (task.loss_mask=reward)
@@ -83,7 +85,7 @@ class Rollout:
                 return [value[i] for i in rows]
             if isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
                 return {k: pick(f"{name}[{k!r}]", v) for k, v in value.items()}
-            if isinstance(value, TrajectoryRecorder):
+            if isinstance(value, TrajectoryRecorder | UniformTrajectory):
                 return value.select(keep)
             if isinstance(value, Tree):  # its nodes hold every leaf's ancestors: kept whole or not at all
                 raise TypeError(f"Rollout.{name}: a tree rollout is kept whole, select() cannot keep some of its "

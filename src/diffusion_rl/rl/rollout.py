@@ -54,6 +54,7 @@ from diffusion_rl.rl.tree import Tree, TreeConfig, grow_trees
 from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
 from diffusion_rl.sampling.sampler import SampleOutput, completion_mask
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.sampling.uniform_trajectory import Trajectory, UniformTrajectory
 from diffusion_rl.tasks.base import Task
 
 _GUMBEL_SALT = 0xA11
@@ -115,7 +116,7 @@ class Draw:
     entropy: torch.Tensor  # (2,) float64 [entropy sum, committed tokens] over this process's rows
     cost: torch.Tensor  # (5,) float64 [forwards, forward tokens, steps, filled, edited] summed over the rows
     shard: Shard
-    trajectory: TrajectoryRecorder | None
+    trajectory: Trajectory | None
     pinned: torch.Tensor | None  # (n, L) bool the task's known tokens
     tree: Tree | None
 
@@ -181,12 +182,14 @@ class RolloutEngine:
         pinned = None if canvas is None else canvas != self.bundle.mask_token_id  # (n, L) the task's known tokens
         return Draw(ids, mask, group_items, completion, logp, entropy, cost, shard, traj, pinned, tree)
 
-    def _recorder(self) -> TrajectoryRecorder | None:
+    def _recorder(self) -> Trajectory | None:
         """The trajectory recorder the objective trains on (what the advantage estimator values rides
         along: greedy completions or the sampler's predictions); None when it trains on none."""
         if not self.objective.needs_trajectory:
             return None
         values_of = self.advantage.values_of if self.advantage.needs_values else None
+        if self.bundle.noise == "uniform":  # no mask token: every step kept whole (sampling/uniform_trajectory.py)
+            return UniformTrajectory(record_greedy=values_of == "greedy")
         return TrajectoryRecorder(self.bundle.mask_token_id, record_greedy=values_of == "greedy",
                                   variable_steps=self.sampler.decode != "fixed",
                                   record_prediction=self.objective.needs_predictions or values_of == "prediction",
@@ -210,7 +213,9 @@ class RolloutEngine:
             rollout_id=rollout_id, group_size=self.group_size, prompt_ids=draw.prompt_ids, prompt_mask=draw.prompt_mask,
             completion_ids=draw.completion, completion_mask=completion_mask(draw.completion, eos), texts=texts,
             items=draw.items, rewards=rewards, all_rewards=rewards, reward_components=components, advantages=rewards,
-            shard=shard, trajectory=draw.trajectory, metrics=metrics, sampler_logp=draw.sampler_logp,
+            shard=shard, trajectory=draw.trajectory, metrics=metrics,
+            # a uniform-noise sampler draws no one token per position: its log-probs are the trajectory's
+            sampler_logp=draw.sampler_logp if self.bundle.noise == "mask" else None,
             pinned=draw.pinned, tree=draw.tree,
         )
         tools = self._tools(old_policy, draw.prompt_ids, draw.prompt_mask, shard.offset, rollout_id)
@@ -340,7 +345,7 @@ class RolloutEngine:
         return out
 
     def _generate(self, net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, offset: int, rollout_id: int,
-                  recorder: TrajectoryRecorder | None,
+                  recorder: Trajectory | None,
                   canvas: torch.Tensor | None = None,
                   salt: int = _GUMBEL_SALT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions (n, L), the sampler's log-prob of each of their tokens (n, L), ``[entropy sum,
@@ -404,14 +409,18 @@ class RolloutEngine:
         net.train(was_training)
         return tree.states[tree.leaf], node_logp[tree.leaf], ent, cost, tree
 
-    def _step_completions(self, traj: TrajectoryRecorder | None, steps: torch.Tensor | None,
+    def _step_completions(self, traj: Trajectory | None, steps: torch.Tensor | None,
                           completion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The one-step completions the advantage estimator values (``values_of``: greedy or the
         sampler's predictions) at every selected step, (m, L), and the row of each (m,); none unless
         it needs their values."""
         if traj is None or steps is None or not self.advantage.needs_values:
             return completion[:0], torch.zeros(0, dtype=torch.long)
-        rebuild = traj.prediction if self.advantage.values_of == "prediction" else traj.greedy_completion
+        if self.advantage.values_of == "prediction":
+            assert isinstance(traj, TrajectoryRecorder), "the sampler's predictions are a masking sampler's (MDPO)"
+            rebuild = traj.prediction
+        else:
+            rebuild = traj.greedy_completion
         L = completion.shape[1]
         bi, ki = (steps >= 0).nonzero(as_tuple=True)  # (m,) each
         sel = steps[bi, ki]  # (m,)
@@ -445,10 +454,12 @@ def tally(out: SampleOutput, ent: torch.Tensor, cost: torch.Tensor) -> torch.Ten
     """Add one sampler call's ``[entropy sum, committed tokens]`` to ``ent`` (2,) and its cost
     ``[forwards, forward tokens, steps, filled, edited]``, per row times its rows, to ``cost`` (5,), in
     place. -> the sampler's log-prob of each token it committed (rows, L)"""
-    assert out.entropy_sum is not None and out.num_committed is not None and out.token_logp is not None
+    assert out.entropy_sum is not None and out.num_committed is not None
     ent += torch.stack([out.entropy_sum.sum(), out.num_committed.sum().double()])
     cost += out.completion.shape[0] * torch.tensor([out.forwards, out.forward_tokens, out.steps, out.filled,
                                                     out.edited], dtype=torch.float64, device=cost.device)
+    if out.token_logp is None:  # a uniform-noise sampler: no one draw per token (its steps are recorded instead)
+        return torch.zeros_like(out.completion, dtype=torch.float32)
     return out.token_logp
 
 

@@ -48,6 +48,11 @@ class RowNoise:
             raise ValueError(f"RowNoise drew on {self._gens[0].device} before; now asked for {device}")
         return self._gens
 
+    def generators(self, device: torch.device) -> list[torch.Generator]:
+        """Each row's generator on ``device``, for a sampler that draws other numbers than uniforms (the
+        uniform-noise sampler's tokens, ``uniform_sampler.py``)."""
+        return self._generators(device)
+
     def uniform(self, shape: tuple[int, ...], active: torch.Tensor, dtype: torch.dtype,
                 device: torch.device) -> torch.Tensor:
         """Uniform numbers in ``[0, 1)``, ``(B, *shape)``: row ``b`` from its own generator where

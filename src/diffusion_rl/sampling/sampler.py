@@ -57,7 +57,7 @@ options of ``decode=fixed`` that any objective may use:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Protocol
 
@@ -68,6 +68,7 @@ from diffusion_rl.core.config import renamed
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.models.policy import Forward, PolicyForward
 from diffusion_rl.sampling.cache import StepLogits, step_logits
+from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig
 from diffusion_rl.sampling.noise import RowNoise, uniform
 
 DECODES = ("fixed", "threshold", "factor")
@@ -107,6 +108,9 @@ class SamplerConfig:
     # at the first step to eos_gamma_max at the last (the public run: 0.01 -> 1.0); 1.0 / 1.0 = off
     eos_gamma_min: float = 1.0
     eos_gamma_max: float = 1.0
+    # a uniform-noise model (DiffusionGemma) runs its own sampler, EntropyBound, whose settings these are
+    # (the released generation_config.json's); the options above are the masked-diffusion samplers'
+    uniform: EntropyBoundConfig = field(default_factory=EntropyBoundConfig)
 
     # deprecated names of kv_cache / kv_cache_refresh, taken for one release with a warning
     cache: str | None = None
@@ -166,6 +170,7 @@ class SamplerConfig:
         if self.max_post_steps < 0:
             raise ConfigError(f"{prefix}.max_post_steps", self.max_post_steps, "must be >= 0")
         self._validate_cj_decoders(prefix)
+        self.uniform.validate(f"{prefix}.uniform")
 
     def _validate_cj_decoders(self, prefix: str) -> None:
         """ASS and EOSER (CJ-GRPO's decoders) on top of the checks above."""

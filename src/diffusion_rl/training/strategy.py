@@ -203,15 +203,34 @@ def decoder_layer_classes(net: nn.Module) -> set[type[nn.Module]]:
 
 
 def shard(net: nn.Module, mesh: Any, options: FSDPOptions) -> nn.Module:
-    """``fully_shard`` every decoder layer of ``net``, then ``net`` (the root); in place."""
+    """``fully_shard`` every decoder layer of ``net`` (layers that share weights as one unit), then ``net``
+    (the root); in place."""
     from torch.distributed.fsdp import fully_shard
 
     layers = decoder_layer_classes(net)
     kwargs = {"mesh": mesh, "mp_policy": options.mixed_precision()}
-    for m in [m for m in net.modules() if type(m) in layers]:
-        fully_shard(m, reshard_after_forward=options.reshard_after_forward, **kwargs)
+    for unit in sharing_groups([m for m in net.modules() if type(m) in layers]):
+        fully_shard(unit if len(unit) > 1 else unit[0], reshard_after_forward=options.reshard_after_forward, **kwargs)
     fully_shard(net, **kwargs)
     return net
+
+
+def sharing_groups(layers: list[nn.Module]) -> list[list[nn.Module]]:
+    """``layers`` grouped so that layers sharing a parameter are in one group, in order of first appearance:
+    a parameter is sharded by one FSDP2 unit, so tied layers (DiffusionGemma's encoder layer ``i`` and its
+    decoder layer ``i``, one set of weights) are sharded together, each with its experts."""
+    owner: dict[int, int] = {}  # parameter id -> group index
+    groups: list[list[nn.Module]] = []
+    for layer in layers:
+        hit = {owner[id(p)] for p in layer.parameters() if id(p) in owner}
+        if len(hit) > 1:
+            raise ValueError("a layer shares weights with two otherwise separate layers: no FSDP2 unit can hold them")
+        g = hit.pop() if hit else len(groups)
+        if g == len(groups):
+            groups.append([])
+        groups[g].append(layer)
+        owner.update({id(p): g for p in layer.parameters()})
+    return groups
 
 
 def fsdp_units(net: nn.Module) -> list[nn.Module]:

@@ -1,7 +1,8 @@
 """The warm start: a short supervised masked-diffusion run that stands in for the papers' SFT stage.
 
 RL needs a policy that is right some of the time. The embedded model is trained on (prompt, gold
-completion) pairs with the masked-diffusion objective (LLaDA's SFT loss) for a fixed number of steps,
+completion) pairs with the masked-diffusion objective (LLaDA's SFT loss; a uniform-noise model,
+DiffusionGemma: the uniform-noise denoising loss, ``likelihood/uniform_elbo.py``) for a fixed number of steps,
 deliberately not to convergence: accuracy jumps from chance to near perfect within a few dozen steps
 on Sudoku (docs/methods.md §8), so the cut is by step count, not time. The checkpoint is saved in
 ``paths.warmstart_dir`` under a key of every config value that shapes it, so a second run reuses it.
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 
 from diffusion_rl.core.config import renamed
 from diffusion_rl.core.errors import ConfigError
+from diffusion_rl.likelihood.uniform_elbo import denoising_loss
 from diffusion_rl.models.policy import PolicyBundle, encode_prompts, logits_fn
 from diffusion_rl.training.checkpoint import atomic_save  # write, fsync, rename
 
@@ -136,8 +138,11 @@ def warm_start(bundle: PolicyBundle, task, gen_length: int, cfg: WarmStartConfig
         tgt = encode_targets(bundle.tokenizer, [task.target(it) for it in batch], gen_length, bundle.eos_token_id)
         canvas = task.canvas(batch, bundle.tokenizer, gen_length, bundle.mask_token_id)
         pinned = None if canvas is None else canvas != bundle.mask_token_id
-        loss = masked_diffusion_loss(forward, p_ids, p_mask, tgt, bundle.mask_token_id, gen, weighting=cfg.weighting,
-                                     pinned=pinned)
+        if bundle.noise == "uniform":  # no mask token: the uniform-noise denoising loss (likelihood/uniform_elbo.py)
+            loss = denoising_loss(forward, p_ids, p_mask, tgt, gen, pinned=pinned)
+        else:
+            loss = masked_diffusion_loss(forward, p_ids, p_mask, tgt, bundle.mask_token_id, gen,
+                                         weighting=cfg.weighting, pinned=pinned)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -53,7 +53,7 @@ from diffusion_rl.rl.objectives.behaviour import behaviour_correction
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig
 from diffusion_rl.rl.objectives.losses import agg_loss, kl_penalty
 from diffusion_rl.sampling.sampler import SamplerConfig
-from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.sampling.uniform_trajectory import Trajectory
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective.name")
 
@@ -116,6 +116,25 @@ class StepContext:
     step: int = 0  # optimizer steps taken before this update (a schedule over training: d-TreeRPO's)
 
 
+def check_noise(bundle, objective: Objective) -> None:
+    """Fail in one line, naming what applies, when the objective or its likelihood needs a mask token
+    and the model has none (``PolicyBundle.noise == "uniform"``)."""
+    if bundle.noise != "uniform":
+        return
+    allowed = objective.uniform_likelihoods
+    name = objective.cfg.name
+    if not allowed:
+        ok = [f"{n}" + ("" if "*" in OBJECTIVES.get(n).uniform_likelihoods
+                        else f" (likelihood={'|'.join(OBJECTIVES.get(n).uniform_likelihoods)})")
+              for n in OBJECTIVES.names() if OBJECTIVES.get(n).uniform_likelihoods]
+        raise ConfigError("objective.name", name, "reads masked positions and this model has no mask token "
+                          f"(uniform noise): use objective={', '.join(ok)}")
+    lik = objective.likelihood.cfg.name
+    if "*" not in allowed and lik not in allowed:
+        raise ConfigError("likelihood.name", lik, f"needs a mask token and this model has none (uniform noise): "
+                          f"objective={name} takes likelihood={' or '.join(allowed)}")
+
+
 def as_units(advantages: torch.Tensor) -> torch.Tensor:
     """Per-sample advantages (B,) as (B, 1), which broadcasts over a sample's units; (B, U) unchanged."""
     return advantages[:, None] if advantages.dim() == 1 else advantages
@@ -133,12 +152,17 @@ class Objective(ABC):
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo")
     # takes per-token advantages (advantage.credit=token: each token's own reward, Sudoku's cells)
     token_credit: ClassVar[bool] = False
-    needs_trajectory: ClassVar[bool] = False  # the sampler records its steps (EGSPO, TraceRL, MDPO)
+    # the sampler records its steps (EGSPO, TraceRL, MDPO; any objective with likelihood=trajectory)
+    needs_trajectory: bool = False
     needs_tree: ClassVar[bool] = False  # trains on tree rollouts' edges (rollout.tree, rl/tree.py: d-TreeRPO)
     # the recorder also keeps the sampler's one-step prediction at every step and its confidences (MDPO)
     needs_predictions: ClassVar[bool] = False
     kl_agg: str = "seq-mean-token-mean"  # how the KL units reduce to the penalty (agg_loss's modes)
     needs_likelihood: ClassVar[LikelihoodNeed | None] = None  # what it needs of the estimator (None: any)
+    # a uniform-noise model (no mask token: DiffusionGemma): the likelihoods (likelihood.name) this
+    # objective scores one with, ("*",) where it scores the sampler's recorded steps whatever the
+    # likelihood; (): it reads masked positions and refuses such a model at start-up (check_noise)
+    uniform_likelihoods: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: ObjectiveConfig, likelihood):
         cfg.validate()
@@ -146,6 +170,8 @@ class Objective(ABC):
         self.likelihood = likelihood
         if self.needs_likelihood is not None:
             self.needs_likelihood.check(likelihood)
+        if getattr(likelihood, "needs_trajectory", False):  # likelihood=trajectory scores the recorded steps
+            self.needs_trajectory = True
 
     def bind(self, bundle) -> None:  # noqa: B027 - a deliberate no-op hook, not abstract
         """Check the objective fits the policy (a :class:`PolicyBundle`) and read what it needs from it
@@ -168,11 +194,14 @@ class Objective(ABC):
                               "by one: it takes advantage.credit=sequence")
 
     # ---- rollout-time hooks (called by diffusion_rl.rl.rollout) ----------------------------
-    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+    def select_steps(self, trajectory: Trajectory, completion_ids: torch.Tensor,
                      completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
                      run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
         """``(n, K)`` recorded denoising steps to train on (``-1``: unused slot) and metrics;
-        objectives with ``needs_trajectory`` implement it."""
+        objectives with ``needs_trajectory`` implement it. An objective that records the trajectory only
+        for its likelihood (``likelihood=trajectory``) selects no step."""
+        if getattr(self.likelihood, "needs_trajectory", False):
+            return completion_ids.new_zeros(completion_ids.shape[0], 0), {}
         raise NotImplementedError(f"objective {self.cfg.name} trains on no selected steps")
 
     def revise_rollout(self, ro: Rollout, tools: RolloutTools) -> tuple[Rollout, dict[str, float]]:
@@ -199,8 +228,9 @@ class Objective(ABC):
         EOS) or ``ignored`` (only those the reward ignores, with ``task.loss_mask=reward``), pinned
         tokens left out; a sequence estimator (ELBO) gives one unit per sequence, (n, 1)."""
         ro = ctx.rollout
+        extra = {"trajectory": ro.trajectory} if getattr(self.likelihood, "needs_trajectory", False) else {}
         logp = self.likelihood(forward, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask,
-                               self.mask_seeds(ctx, role), pinned=ro.pinned)  # (n, L) or (n,)
+                               self.mask_seeds(ctx, role), pinned=ro.pinned, **extra)  # (n, L) or (n,)
         if logp.dim() == 1:  # a sequence-level estimator (ELBO): one unit per sequence
             return LogpUnits(logp[:, None], torch.ones_like(logp)[:, None])
         kl_mask = ro.completion_mask

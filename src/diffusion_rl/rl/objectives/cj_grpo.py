@@ -72,11 +72,12 @@ import torch
 
 from diffusion_rl.core.errors import check_choice
 from diffusion_rl.likelihood.stepwise import stepwise_logps
+from diffusion_rl.likelihood.trajectory import replay_logps, step_positions
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
 from diffusion_rl.rl.objectives.losses import kl_penalty, ratio_metrics
-from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.sampling.uniform_trajectory import Trajectory, UniformTrajectory
 
 AGGS = ("group", "sample")
 OLD_LOGPS = ("recompute", "recorded")
@@ -162,9 +163,10 @@ class CJGRPO(Objective):
     needs_trajectory = True
     needs_likelihood = LikelihoodNeed("objective=cj_grpo scores the rollout's own transitions "
                                       "(likelihood/stepwise.py); leave likelihood at one_step", one_step=True)
+    uniform_likelihoods = ("*",)  # a uniform-noise sampler's steps replay as they were (likelihood/trajectory.py)
 
     # ---- rollout time -------------------------------------------------------------------
-    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+    def select_steps(self, trajectory: Trajectory, completion_ids: torch.Tensor,
                      completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
                      run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
         """Every transition is trained: nothing to select (the rows are built at update time)."""
@@ -178,6 +180,8 @@ class CJGRPO(Objective):
         (sample, transition) row and a function scoring them, once per rollout."""
         ro = ctx.rollout
         traj = ro.trajectory
+        if isinstance(traj, UniformTrajectory):
+            return self._uniform_plan(ctx, traj)
         assert traj is not None and traj.commit_step is not None and traj.final is not None, \
             "objective=cj_grpo needs the rollout's recorded trajectory"
         n, L = ro.completion_ids.shape
@@ -207,6 +211,35 @@ class CJGRPO(Objective):
 
         def run(forward: Forward) -> torch.Tensor:
             vals = stepwise_logps(forward, *args, reduce="token")[:, -L:]  # (M, L), 0 where not scored
+            return vals.new_zeros(n * T, L).index_copy(0, index, vals).view(n, T, L)
+
+        return CJGRPOPlan(mask.float(), run, real, T)
+
+    def _uniform_plan(self, ctx: StepContext, traj: UniformTrajectory) -> CJGRPOPlan:
+        """:meth:`make_plan` on a uniform-noise trajectory: a transition is a recorded step, its tokens the
+        accepted ones, replayed from the recorded canvas and self-conditioning (likelihood/trajectory.py)."""
+        ro = ctx.rollout
+        n, L = ro.completion_ids.shape
+        T = self._global_steps(ctx, traj.num_steps)
+        trained = torch.ones_like(ro.completion_mask, dtype=torch.bool)
+        if not self.cfg.after_eos:
+            trained &= ro.completion_mask.bool()
+        if ro.loss_mask is not None:
+            trained &= ro.loss_mask.bool()
+        pos = step_positions(traj, L).to(trained.device)  # (n, T_local, L)
+        pos = torch.cat([pos, pos.new_zeros(n, T - pos.shape[1], L)], 1)  # (n, T, L)
+        mask = pos & trained[:, None, :]
+        sample, step = mask.any(-1).nonzero(as_tuple=True)  # (M,) each
+        real, select = sample.numel(), trained
+        if real == 0:  # one row outside the mask keeps the loss on the graph (zero gradient)
+            b, t = traj.any_action()
+            sample, step = torch.tensor([b], device=trained.device), torch.tensor([t], device=trained.device)
+            select = torch.ones_like(trained)
+        index = sample * T + step
+
+        def run(forward: Forward) -> torch.Tensor:
+            vals = replay_logps(forward, traj, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, sample, step,
+                                select[sample])  # (M, L)
             return vals.new_zeros(n * T, L).index_copy(0, index, vals).view(n, T, L)
 
         return CJGRPOPlan(mask.float(), run, real, T)
@@ -253,9 +286,12 @@ class CJGRPO(Objective):
         """The sampler's log-prob of each trained token at the transition that unmasked it: the old
         log-prob of that transition's state, from the logits the sampler committed it with."""
         ro = ctx.rollout
+        mask = self.plan(ctx).mask
+        if isinstance(ro.trajectory, UniformTrajectory):  # each accepted token's log-prob at its step's temperature
+            rec = ro.trajectory.position_logps(mask.shape[-1]).to(mask)
+            return torch.cat([rec, rec.new_zeros(rec.shape[0], mask.shape[1] - rec.shape[1], rec.shape[2])], 1) * mask
         if ro.sampler_logp is None:
             return None
-        mask = self.plan(ctx).mask
         return ro.sampler_logp.to(mask)[:, None, :] * mask  # (n, T, L)
 
     def kl_term(self, policy: LogpUnits, ref: LogpUnits, gather: Callable[[torch.Tensor], torch.Tensor],

@@ -64,6 +64,7 @@ coupled_grpo_loss = grpo_loss
 @OBJECTIVES.register("coupled_grpo")
 class CoupledGRPO(GRPO):
     """GRPO (its loss, ``coupled_grpo_loss``, its scoring and its KL) with coupled-GRPO's config and estimator."""
+    uniform_likelihoods = ()  # its coupled masks need a mask token (GRPO's uniform-noise likelihoods do not apply)
 
     config_class = CoupledGRPOConfig
     needs_likelihood = LikelihoodNeed(

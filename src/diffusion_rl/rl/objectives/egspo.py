@@ -56,12 +56,14 @@ import torch
 from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.core.seeding import mix_seed
 from diffusion_rl.likelihood.stepwise import stepwise_logps
+from diffusion_rl.likelihood.trajectory import replay_logps, step_positions
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.grpo import GRPOConfig, grpo_loss
 from diffusion_rl.rl.objectives.losses import masked_mean
 from diffusion_rl.rl.objectives.selectors import SELECTORS, steps_up_to
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.sampling.uniform_trajectory import Trajectory, UniformTrajectory
 
 
 @dataclass
@@ -137,13 +139,14 @@ class EGSPO(Objective):
     policy_loss = staticmethod(grpo_loss)  # the clipped surrogate, per selected step
     advantage_estimators: ClassVar[tuple[str, ...]] = ("group", "group_std", "loo", "stepwise")
     needs_trajectory = True
+    uniform_likelihoods = ("*",)  # a uniform-noise sampler's steps replay as they were (likelihood/trajectory.py)
 
     def __init__(self, cfg: EGSPOConfig, likelihood):
         super().__init__(cfg, likelihood)
         self.kl_agg = cfg.agg  # the public code adds its k3 term to each step's loss before the mean
 
     # ---- rollout time -------------------------------------------------------------------
-    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+    def select_steps(self, trajectory: Trajectory, completion_ids: torch.Tensor,
                      completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
                      run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
         c, T = self.cfg, trajectory.num_steps
@@ -151,6 +154,10 @@ class EGSPO(Objective):
             raise ConfigError("objective.K", c.K, f"must be <= the sampler's steps (sampler.steps={T})")
         cand = trajectory.counts > 0  # (n, T) a step that committed nothing of a row is no action of it
         if c.stop_at_last_content:
+            if isinstance(trajectory, UniformTrajectory):
+                raise ConfigError("objective.stop_at_last_content", True,
+                                  "reads when the answer's last token was committed: a uniform-noise sampler "
+                                  "commits none for good (leave it false)")
             cand &= steps_up_to(last_content_step(trajectory, completion_ids, completion_mask, eos_id), T)
         gen = torch.Generator().manual_seed(mix_seed(run_seed, rollout_id, 0xE65))
         entropies = trajectory.entropies  # (n, T)
@@ -182,6 +189,9 @@ class EGSPO(Objective):
         valid = steps >= 0
         N, Kp = steps.shape
         rows = valid.reshape(-1).nonzero()[:, 0]  # only real (sample, step) pairs go through the model
+        if isinstance(traj, UniformTrajectory):  # every step recorded whole (no mask token to rebuild it with)
+            plan.batch = StepBatch(ctx.inner_iter, slots, steps, valid, rows, self._uniform_run(ctx, steps, rows))
+            return plan.batch
         states, committed = traj.states_at(steps.clamp_min(0))  # (N*K', P+L)
         if ro.loss_mask is not None:  # only the tokens the reward reads count in a step's log-prob
             keep = torch.cat([torch.ones_like(ro.prompt_mask), ro.loss_mask.to(ro.prompt_mask.dtype)], 1).bool()
@@ -199,6 +209,26 @@ class EGSPO(Objective):
 
         plan.batch = StepBatch(ctx.inner_iter, slots, steps, valid, rows, run)
         return plan.batch
+
+    def _uniform_run(self, ctx: StepContext, steps: torch.Tensor, rows: torch.Tensor) -> Callable[[Forward], torch.Tensor]:
+        """The rows' step log-probabilities replayed from a uniform-noise trajectory (sum or mean over the
+        accepted tokens the loss counts). -> (N, K')"""
+        ro, reduce = ctx.rollout, self.cfg.reduce
+        N, Kp = steps.shape
+        sample, step = rows // Kp, steps.reshape(-1)[rows]  # (n,) each
+        keep = None if ro.loss_mask is None else ro.loss_mask.bool()[sample]
+
+        def run(forward: Forward) -> torch.Tensor:
+            assert ro.trajectory is not None
+            tok = replay_logps(forward, ro.trajectory, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, sample, step,
+                               keep)  # (n, L)
+            vals = tok.sum(-1)
+            if reduce == "mean":
+                hit = step_positions(ro.trajectory, tok.shape[1]).to(tok.device)[sample, step]
+                vals = vals / (hit if keep is None else hit & keep).sum(-1).clamp_min(1)
+            return vals.new_zeros(N * Kp).index_copy(0, rows, vals).view(N, Kp)
+
+        return run
 
     def old_logp_like_policy(self) -> bool:
         return super().old_logp_like_policy() and self.cfg.old_logp == "recompute"

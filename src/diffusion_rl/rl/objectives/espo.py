@@ -112,9 +112,11 @@ class ESPO(Objective):
     config_class = ESPOConfig
     cfg: ESPOConfig
     policy_loss = staticmethod(espo_loss)
+    uniform_likelihoods = ("uniform_elbo",)  # with likelihood.per_token=true: its per-position terms
 
     needs_likelihood = LikelihoodNeed(
-        "espo sums per-position terms: use stratified (its own), complementary or one_step", per_token=True)
+        "espo sums per-position terms: use stratified (its own), complementary or one_step (a uniform-noise "
+        "model: uniform_elbo with likelihood.per_token=true)", per_token=True)
 
     def covered(self, ctx: StepContext) -> torch.Tensor:
         """(n, L) the positions the ELBO covers (``elbo_tokens``)."""

@@ -26,6 +26,7 @@ base with the adapters off, not a copy to move): the reference here stays fixed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -82,6 +83,8 @@ class GRPO(Objective):
     cfg: GRPOConfig
     policy_loss = staticmethod(grpo_loss)
     token_credit = True
+    # a uniform-noise model: the sampler's trajectory likelihood or the uniform-noise ELBO, per sequence
+    uniform_likelihoods: ClassVar[tuple[str, ...]] = ("trajectory", "uniform_elbo")
 
     def __init__(self, cfg: GRPOConfig, likelihood):
         super().__init__(cfg, likelihood)

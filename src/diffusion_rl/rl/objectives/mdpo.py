@@ -95,6 +95,7 @@ from diffusion_rl.rl.objectives.losses import masked_mean, ratio_metrics
 from diffusion_rl.rl.objectives.selectors import top_k_steps
 from diffusion_rl.sampling.sampler import logits_at
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.sampling.uniform_trajectory import Trajectory
 
 NORM_EPS = 1e-4  # the public code's + 1e-4 in lambda and in each step's normaliser
 
@@ -195,11 +196,12 @@ class MDPO(Objective):
         return 0
 
     # ---- rollout time -------------------------------------------------------------------
-    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+    def select_steps(self, trajectory: Trajectory, completion_ids: torch.Tensor,
                      completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
                      run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
         """Every recorded step, in order: the rollout rewards each one's prediction and the advantages
         choose the ``K`` trained ones (:meth:`_plan`)."""
+        assert isinstance(trajectory, TrajectoryRecorder), "MDPO reads masked positions (refused on uniform noise)"
         T = trajectory.num_steps
         if self.cfg.K > T and not trajectory.variable_steps:  # decode=threshold|factor: fewer slots may be left
             raise ConfigError("objective.K", self.cfg.K, f"must be <= the sampler's steps (sampler.steps={T})")
@@ -215,7 +217,8 @@ class MDPO(Objective):
         rollout (every inner update trains the same ones)."""
         ro = ctx.rollout
         traj, candidates = ro.trajectory, ro.selected_steps
-        assert traj is not None and candidates is not None, "MDPO needs the rollout's trajectory and its steps"
+        assert isinstance(traj, TrajectoryRecorder) and candidates is not None, \
+            "MDPO needs the rollout's (masking) trajectory and its steps"
         adv = ro.advantages  # (n, T) one per recorded step
         slot = top_k_steps(adv.abs(), self.cfg.K)  # (n, K) index into the recorded steps, -1 = unused
         valid = slot >= 0

@@ -51,6 +51,7 @@ import torch
 from diffusion_rl.core.errors import ConfigError, check_choice
 from diffusion_rl.likelihood.elbo import ELBOEstimator, ELBOSample, elbo_from_logps, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksEstimator
+from diffusion_rl.likelihood.uniform_elbo import UniformELBOEstimator
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.config import ObjectiveConfig
@@ -110,9 +111,15 @@ class SPG(Objective):
     config_class = SPGConfig
     cfg: SPGConfig
     policy_loss = staticmethod(spg_loss)
+    uniform_likelihoods = ("uniform_elbo",)  # its ELBO side only: objective.negative=elbo or zero
 
     def __init__(self, cfg: SPGConfig, likelihood):
         super().__init__(cfg, likelihood)
+        if isinstance(likelihood, UniformELBOEstimator):  # per-position terms; no EUBO without a mask token
+            if cfg.negative not in ("elbo", "zero"):
+                raise ConfigError("objective.negative", cfg.negative, "the EUBO bounds masked-token probabilities: "
+                                  "with likelihood=uniform_elbo use objective.negative=elbo or zero")
+            return
         if not isinstance(likelihood, (SPGBlocksEstimator, ELBOEstimator)):
             raise ConfigError("likelihood.name", likelihood.cfg.name,
                               "spg needs likelihood=spg_blocks (SPG's masks) or likelihood=elbo")

@@ -179,6 +179,7 @@ class StableDRL(Objective):
     config_class = StableDRLConfig
     cfg: StableDRLConfig
     policy_loss = staticmethod(stabledrl_loss)
+    uniform_likelihoods = ("uniform_elbo",)  # a uniform-noise model's ELBO (the surrogate: the ELBO, no EUBO)
 
     def __init__(self, cfg: StableDRLConfig, likelihood):
         super().__init__(cfg, likelihood)

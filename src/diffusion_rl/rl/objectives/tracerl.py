@@ -85,11 +85,13 @@ from diffusion_rl.likelihood.trace import (
     row_masks,
     trace_rounds,
 )
+from diffusion_rl.likelihood.trajectory import replay_logps, step_positions
 from diffusion_rl.models.policy import Forward
 from diffusion_rl.rl.objectives.base import OBJECTIVES, LogpUnits, Objective, StepContext
 from diffusion_rl.rl.objectives.config import LikelihoodNeed, ObjectiveConfig, check_clip
 from diffusion_rl.rl.objectives.losses import ratio_metrics
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+from diffusion_rl.sampling.uniform_trajectory import Trajectory, UniformTrajectory
 
 NORMS = ("auto", "block", "masked")
 KL_ESTIMATORS = ("k3", "k1")
@@ -211,12 +213,22 @@ class TraceRL(Objective):
     advantage_estimators: ClassVar[tuple[str, ...]] = ("zscore", "group", "group_std", "loo")
     token_credit = True
     needs_trajectory = True
+    uniform_likelihoods = ("*",)  # a uniform-noise sampler's steps replay as they were (likelihood/trajectory.py)
     kl_agg = "token-mean"  # the optional reference KL (beta > 0): mean over every trained token
     needs_likelihood = LikelihoodNeed("objective=tracerl scores the rollout's own decoding rounds "
                                       "(likelihood/trace.py); leave likelihood at one_step", one_step=True)
     block_size = 0  # the model's (bind): 0 = masked diffusion
+    uniform = False  # a uniform-noise model (bind): rows are the recorded steps
 
     def bind(self, bundle) -> None:
+        self.uniform = getattr(bundle, "noise", "mask") == "uniform"
+        if self.uniform:  # a row is a recorded step: its canvas and self-conditioning, its accepted tokens
+            if self.cfg.shrink != 1:
+                raise ConfigError("objective.shrink", self.cfg.shrink, "must be 1 with a uniform-noise model: each "
+                                  "step has a canvas of its own, so steps cannot merge into one row")
+            if self.cfg.norm == "auto":  # a block-autoregressive model, as SDAR / TraDo (rl_sdar.py)
+                self.cfg = replace(self.cfg, norm="block")
+            return
         self.block_size = int(bundle.block_size)
         if self.block_size and not bundle.custom_attention_mask:
             raise ConfigError("model.custom_attention_mask", False,
@@ -226,10 +238,14 @@ class TraceRL(Objective):
             self.cfg = replace(self.cfg, norm="block" if self.block_size else "masked")
 
     # ---- rollout time -------------------------------------------------------------------
-    def select_steps(self, trajectory: TrajectoryRecorder, completion_ids: torch.Tensor,
+    def select_steps(self, trajectory: Trajectory, completion_ids: torch.Tensor,
                      completion_mask: torch.Tensor, eos_id: int, rollout_id: int,
                      run_seed: int) -> tuple[torch.Tensor, dict[str, float]]:
         """Every recorded step is trained: nothing to select (the rows are built at update time)."""
+        if isinstance(trajectory, UniformTrajectory):
+            per_step = (trajectory.counts > 0).sum(-1).float()  # (n,)
+            return completion_ids.new_zeros(completion_ids.shape[0], 0), {
+                "tracerl/rounds_per_sample": per_step.mean().item() if per_step.numel() else 0.0}
         rounds = self._rounds(trajectory, completion_ids.shape[1])
         per_sample = torch.where(rounds == torch.iinfo(torch.int32).max, -1, rounds).amax(-1) + 1  # (n,)
         return completion_ids.new_zeros(completion_ids.shape[0], 0), {
@@ -258,8 +274,14 @@ class TraceRL(Objective):
         """Rounds (n, L), kept samples and the rows of every inner update of this rollout."""
         ro = ctx.rollout
         assert ro.trajectory is not None, "objective=tracerl needs the rollout's trajectory"
-        rounds = self._rounds(ro.trajectory, ro.completion_ids.shape[1]).to(ro.completion_ids.device)
         kept = self.kept_samples(ctx)
+        if isinstance(ro.trajectory, UniformTrajectory):  # rows: (sample, step) pairs that accepted a trained token
+            L = ro.completion_ids.shape[1]
+            hit = step_positions(ro.trajectory, L).to(kept.device) & (ro.scored_mask.bool() & kept[:, None])[:, None]
+            sample, rnd = hit.any(-1).nonzero(as_tuple=True)  # sample-major, then steps
+            rounds = torch.zeros_like(ro.completion_ids)  # not used: a row's positions are its step's
+            return TraceRLPlan(rounds, kept, sample, rnd, self._update_of_rows(ctx, sample))
+        rounds = self._rounds(ro.trajectory, ro.completion_ids.shape[1]).to(ro.completion_ids.device)
         sample, rnd = round_rows(rounds, ro.scored_mask.bool() & kept[:, None])  # (m,) each
         return TraceRLPlan(rounds, kept, sample, rnd, self._update_of_rows(ctx, sample))
 
@@ -284,11 +306,19 @@ class TraceRL(Objective):
         ro = ctx.rollout
         idx = (plan.update == ctx.inner_iter % self.cfg.mu).nonzero()[:, 0]
         sample, rnd = plan.sample[idx], plan.round[idx]  # (m,)
-        masked, decoded = row_masks(plan.rounds, sample, rnd)  # (m, L)
+        if isinstance(ro.trajectory, UniformTrajectory):
+            masked = decoded = step_positions(ro.trajectory, ro.completion_ids.shape[1]).to(sample.device)[sample, rnd]
+        else:
+            masked, decoded = row_masks(plan.rounds, sample, rnd)  # (m, L)
         trained = decoded & ro.scored_mask.bool()[sample]
         m, M = sample.numel(), self._global_rows(ctx, sample.numel())
         select = trained
-        if m == 0:  # one empty row keeps the loss on the graph (zero gradient)
+        if m == 0 and isinstance(ro.trajectory, UniformTrajectory):  # a step outside the loss keeps the graph
+            b, t = ro.trajectory.any_action()
+            sample, rnd = sample.new_full((1,), b), rnd.new_full((1,), t)
+            trained = torch.zeros_like(ro.completion_mask[:1], dtype=torch.bool)
+            masked = select = torch.ones_like(trained)
+        elif m == 0:  # one empty row keeps the loss on the graph (zero gradient)
             sample, rnd = sample.new_zeros(1), rnd.new_zeros(1)
             masked = torch.ones_like(ro.completion_mask[:1], dtype=torch.bool)
             trained = torch.zeros_like(masked)
@@ -316,6 +346,10 @@ class TraceRL(Objective):
     def logp_units(self, ctx: StepContext, forward: Forward, role: str) -> LogpUnits:
         b, ro = self._batch(ctx), ctx.rollout
         s = b.sample
+        if isinstance(ro.trajectory, UniformTrajectory):  # each row's step replayed (likelihood/trajectory.py)
+            logp = replay_logps(forward, ro.trajectory, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, s, b.round,
+                                b.select)  # (m, L)
+            return LogpUnits(self._pad(logp, b.rows), self._pad(b.trained.to(logp.dtype), b.rows))
         args = (forward, ro.prompt_ids[s], ro.prompt_mask[s], ro.completion_ids[s], b.masked, b.select,
                 self.likelihood.mask_id)
         logp = block_logps(*args, self.block_size) if self.block_size else masked_logps(*args)  # (m, L)
@@ -332,6 +366,9 @@ class TraceRL(Objective):
         """The sampler's log-prob of each trained token, from the logits it committed it with: the old
         log-prob of the row's state when rounds are single steps (shrink = 1), else not comparable."""
         ro, b = ctx.rollout, self._batch(ctx)
+        if isinstance(ro.trajectory, UniformTrajectory):  # the step's recorded log-prob of each trained token
+            rec = ro.trajectory.position_logps(ro.completion_ids.shape[1]).to(b.select.device)[b.sample, b.round]
+            return self._pad(rec * b.trained.to(rec.dtype), b.rows)
         if ro.sampler_logp is None or self.cfg.shrink > 1:
             return None
         q = ro.sampler_logp[b.sample] * b.trained.to(ro.sampler_logp.dtype)  # (m, L)
