@@ -25,7 +25,7 @@ def test_group_and_group_std_hand_computed():
     a, _ = estimator("group")(R, 4)
     assert torch.allclose(a, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
     s, _ = estimator("group_std")(R, 4)
-    std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std().item()  # the unbiased std, as d1 and TRL
+    std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std().item()  # the unbiased std, as TRL
     assert torch.allclose(s[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-4))
     assert torch.equal(s[4:], torch.zeros(4))  # zero-std group: no signal, no NaN
 
