@@ -161,7 +161,7 @@ def test_a_run_keeps_its_config_and_where_each_value_came_from(tmp_path):
     assert sources["choices"]["objective=grpo"] == "command line"
     printed = next(ln for ln in run.stdout.splitlines() if ln.startswith("  variant: "))  # the printed summary too
     assert "conf/testbed/tiny_grpo.yaml: optim.lr=0.0003 objective.mu=1" in printed
-    assert "conf/testbed/tiny_grpo_sudoku.yaml: advantage.credit=token objective.beta=0.002" in printed
+    assert "conf/testbed/tiny_grpo_sudoku.yaml: advantage.credit='token' objective.beta=0.002" in printed
     log = (tmp_path / "run" / "train.log").read_text()
     assert re.search(r"variant: .*conf/testbed/tiny_grpo_sudoku.yaml: advantage.credit='token' objective.beta=0.002", log)
     assert re.search(r"optim.lr = 0.0003 +conf/testbed/tiny_grpo.yaml +\(over conf/optim/d1.yaml: 3e-06\)", log)

@@ -60,13 +60,17 @@ class Sources:
 
     def header(self, cfg: DictConfig) -> list[str]:
         """The run's start-up lines: the variant it runs, then every value set over a dataclass default."""
-        variant = "; ".join(f"{src}: {' '.join(f'{k}={_short(v)}' for k, v in kv.items())}"
-                            for src, kv in self.variant().items())
         testbed = any(src.split("/")[1:2] == ["testbed"] for src in self.variant())
-        lines = [f"variant: {variant or 'none'}" + (" (the testbed's settings are the embedded model's, not the "
-                                                   "public code's: ~testbed drops them)" if testbed else "")]
+        lines = [f"variant: {variant_text(self.variant())}" + (" (the testbed's settings are the embedded model's, "
+                                                              "not the public code's: ~testbed drops them)" if testbed else "")]
         return lines + ["values set over the dataclass defaults (key = value: set by; earlier settings; "
                         "--explain prints these for a command line without running it):"] + format_values(self, cfg)
+
+
+def variant_text(variant: dict[str, dict[str, Any]]) -> str:
+    """``source: key=value ...; source: ...`` (:meth:`Sources.variant`, or as ``summary.json`` keeps it)."""
+    return "; ".join(f"{src}: {' '.join(f'{k}={_short(v)}' for k, v in kv.items())}" for src, kv in variant.items()) \
+        or "none"
 
 
 def config_sources(conf_dir: Path, overrides: Sequence[str], config_name: str = "config") -> Sources:
@@ -98,8 +102,9 @@ def config_sources(conf_dir: Path, overrides: Sequence[str], config_name: str = 
             if key != "defaults" and not key.startswith(("hydra.", "defaults.")):
                 out.values.setdefault(key, []).append((label, value))
     for o in defaults.config_overrides:
-        if o.is_delete():
-            out.values.pop(o.key_or_group, None)
+        if o.is_delete():  # ~key: the key and everything below it
+            for key in [k for k in out.values if k == o.key_or_group or k.startswith(f"{o.key_or_group}.")]:
+                del out.values[key]
             continue
         value = o.value()
         for key, leaf in _leaves(OmegaConf.create({"v": value}).v, o.key_or_group) if isinstance(value, dict) \

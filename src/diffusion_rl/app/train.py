@@ -21,6 +21,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from diffusion_rl.app.sources import variant_text
 from diffusion_rl.core.config import from_dict, renamed
 from diffusion_rl.core.distributed import is_first_process
 from diffusion_rl.core.environment import environment
@@ -399,8 +400,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = ["", "=" * 60, "RL run summary"]
     variant = (summary.get("config_sources") or {}).get("variant") or {}
     if variant:  # what this run sets beyond the public code's regime: the testbed's, experiment's, command line's
-        lines.append("  variant: " + "; ".join(f"{src}: {' '.join(f'{k}={v}' for k, v in kv.items())}"
-                                             for src, kv in variant.items()))
+        lines.append(f"  variant: {variant_text(variant)}")
     for phase in ("before", "after"):
         if phase in summary:
             vals = ", ".join(f"{k}={v:.4f}" for k, v in summary[phase].items())

@@ -54,6 +54,13 @@ def test_the_command_line_and_an_experiment_are_named_over_the_files():
     assert variant["conf/experiment/stabledrl_eps.yaml"]["trainer.max_steps"] == 200
 
 
+def test_a_deleted_key_leaves_the_sources_with_everything_below_it():
+    src = config_sources(CONF, ["~trainer.strategy_kwargs", "~testbed"])
+    assert not any(k == "trainer.strategy_kwargs" or k.startswith("trainer.strategy_kwargs.") for k in src.values)
+    src = config_sources(CONF, ["~optim", "~testbed"])
+    assert not any(k.startswith("optim.") for k in src.values)
+
+
 def test_explain_shows_each_value_over_its_earlier_settings():
     text = explain(CONF, ["objective=grpo", "task=sudoku", "optim.lr=1e-3"])
     assert "optim.lr = 0.001" in text
