@@ -1,0 +1,235 @@
+"""Mutation testing of the math (docs/mutation.md): mutmut changes one thing at a time in a module
+(``/`` to ``*``, ``<`` to ``<=``, a constant, a dropped argument) and runs the tests of the module's
+own area, ``tests/unit/<area>``; a mutant no test notices is a wrong formula the tests would let through.
+
+    python scripts/mutate.py rl/advantages.py                    # one module (a path under src/diffusion_rl)
+    python scripts/mutate.py sampling/sampler.py sampling/noise.py
+    python scripts/mutate.py all                                 # every module of --list, one after another
+    python scripts/mutate.py --list                              # the modules and the tests each runs against
+    python scripts/mutate.py rl/advantages.py --dry-run          # the folder, config and command; runs nothing
+    nice -n 19 python scripts/mutate.py all --max-children 1     # on a machine shared with a training run
+
+Each module runs in a fresh folder ``.mutation/<module>/`` (git ignores it): links to ``src``, ``tests``
+and the folders the tests read, and a ``pyproject.toml`` that is the repository's plus the
+``[tool.mutmut]`` table of that module (only that file mutated, only its area's tests run). mutmut copies
+it all into ``mutants/`` beside it and runs each mutant against the tests that call the mutated function.
+The summary line per module gives mutants, killed (a timeout counts as killed), survived, no tests,
+equivalent (:data:`EQUIVALENT`: no test can tell them from the original, each with its reason) and the
+score ``killed / (all - equivalent)``; each survivor's diff follows (``.mutation/<module>/survivors.txt``).
+Not part of CI (minutes per module); ``tests/contract/test_mutation_config.py`` checks that this
+configuration still builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "diffusion_rl"
+WORK = ROOT / ".mutation"
+
+# the package folders whose errors change results, and the tests each is held to
+AREAS = ("rl", "likelihood", "sampling", "rewards", "tasks")
+# in those folders, what is not the math: process plumbing, loading, prompts and task definitions (the
+# task's metrics are in tasks/base.py and tasks/sudoku.py, its rewards in rewards/)
+EXCLUDED = {
+    "rewards/verify_pool.py": "a process pool around the answer checkers (tests/unit/sandbox)",
+    "rewards/verify_worker.py": "the pool's worker process",
+    "tasks/loading.py": "reads dataset files",
+    "tasks/code.py": "prompts and reward wiring of the code tasks",
+    "tasks/humaneval.py": "loads HumanEval",
+    "tasks/mbpp.py": "loads MBPP",
+    "tasks/countdown.py": "instance generation and prompts (the reward is rewards/countdown.py)",
+    "tasks/gsm8k.py": "loads GSM8K and its prompts (the reward is rewards/gsm8k.py)",
+    "tasks/math500.py": "loads MATH500 and its prompts (the reward is rewards/math500.py)",
+    "tasks/order.py": "the order of training items",
+    "tasks/text.py": "prompts and reward wiring of the text tasks",
+}
+# folders the area tests read besides src/ and tests/ (conf/ for configs, docs/ for the tables they
+# check, scripts/ for the scripts they run)
+ALSO_COPY = ("conf", "docs", "scripts")
+
+# Equivalent mutants: no test can tell them from the original. Keyed by mutmut's name, with the line
+# as the mutant reads it (an entry whose line no longer matches the mutant is stale and counts as a
+# survivor) and why it is equivalent.
+EQUIVALENT: dict[str, tuple[str, str]] = {}
+
+def modules() -> list[str]:
+    """Every module mutation testing covers, as paths under src/diffusion_rl, sorted."""
+    out = []
+    for area in AREAS:
+        for path in sorted((PACKAGE / area).rglob("*.py")):
+            rel = path.relative_to(PACKAGE).as_posix()
+            if path.name != "__init__.py" and rel not in EXCLUDED:
+                out.append(rel)
+    return out
+
+
+def tests_of(module: str) -> str:
+    """The tests a module is held to: those of its area, ``tests/unit/<area>``."""
+    return f"tests/unit/{module.split('/', 1)[0]}"
+
+
+def slug(module: str) -> str:
+    return module.removesuffix(".py").replace("/", "-")
+
+
+def mutmut_table(module: str) -> str:
+    """The ``[tool.mutmut]`` table of one module's run."""
+    lines = [
+        "[tool.mutmut]",
+        'source_paths = ["src"]',
+        f'only_mutate = ["src/diffusion_rl/{module}"]',
+        f'pytest_add_cli_args_test_selection = ["{tests_of(module)}"]',
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+        f"also_copy = {json.dumps(list(ALSO_COPY))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def command(max_children: int) -> list[str]:
+    return [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+
+
+def prepare(module: str) -> Path:
+    """A fresh work folder for one module: links to the repository's folders and the config."""
+    folder = WORK / slug(module)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name in ("src", "tests", *ALSO_COPY):
+        (folder / name).symlink_to(ROOT / name, target_is_directory=True)
+    project = (ROOT / "pyproject.toml").read_text()
+    if "[tool.mutmut]" in project:
+        raise SystemExit("pyproject.toml holds a [tool.mutmut] table: scripts/mutate.py writes its own per module")
+    (folder / "pyproject.toml").write_text(project + "\n" + mutmut_table(module))
+    return folder
+
+
+@dataclass
+class Score:
+    module: str
+    total: int
+    killed: int
+    survived: list[str]
+    no_tests: list[str]
+    equivalent: list[str]
+    seconds: float
+
+    @property
+    def score(self) -> float:
+        counted = self.total - len(self.equivalent)
+        return self.killed / counted if counted else 1.0
+
+    def line(self) -> str:
+        return (f"{self.module}: {self.total} mutants, {self.killed} killed, {len(self.survived)} survived, "
+                f"{len(self.no_tests)} no tests, {len(self.equivalent)} equivalent; "
+                f"score {100 * self.score:.1f}% in {self.seconds:.0f} s")
+
+
+def show(folder: Path, name: str) -> str:
+    """mutmut's diff of one mutant against the original."""
+    out = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=folder, capture_output=True, text=True)
+    return out.stdout
+
+
+def classify(codes: dict[str, int | None], is_equivalent) -> tuple[int, list[str], list[str], list[str]]:
+    """mutmut's exit code per mutant -> (killed, survived, no tests, equivalent), through mutmut's own
+    table of codes (``mutmut.stats.status_by_exit_code``): a failing test or a timeout kills; a mutant
+    that is not run, interrupted or suspicious is not a kill; ``is_equivalent(name)`` holds a survivor
+    apart when :data:`EQUIVALENT` explains it."""
+    from mutmut.stats import status_by_exit_code
+
+    killed, survived, no_tests, equivalent = 0, [], [], []
+    for name, code in sorted(codes.items()):
+        status = status_by_exit_code[code]
+        if status in ("killed", "timeout"):
+            killed += 1
+        elif status == "no tests":
+            no_tests.append(name)
+        elif status == "survived" and is_equivalent(name):
+            equivalent.append(name)
+        else:
+            survived.append(name)
+    return killed, survived, no_tests, equivalent
+
+
+def tally(module: str, folder: Path, seconds: float) -> Score:
+    """Read mutmut's results of one module (``mutants/<path>.meta``) and hold the equivalent mutants apart."""
+    meta = json.loads((folder / "mutants" / "src" / "diffusion_rl" / f"{module}.meta").read_text())
+    codes: dict[str, int | None] = meta["exit_code_by_key"]
+
+    def is_equivalent(name: str) -> bool:
+        entry = EQUIVALENT.get(name)
+        return entry is not None and entry[0] in show(folder, name)
+
+    killed, survived, no_tests, equivalent = classify(codes, is_equivalent)
+    return Score(module, len(codes), killed, survived, no_tests, equivalent, seconds)
+
+
+def run(module: str, max_children: int) -> Score:
+    folder = prepare(module)
+    env = dict(os.environ)
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # tiny tensors: one thread per test process
+        env.setdefault(key, "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    start = time.monotonic()
+    done = subprocess.run(command(max_children), cwd=folder, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    (folder / "mutmut.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+        raise SystemExit(f"{module}: mutmut failed ({done.returncode}); {folder / 'mutmut.log'}:\n{tail}")
+    score = tally(module, folder, seconds)
+    diffs = [f"# {name}\n{show(folder, name)}" for name in score.survived + score.no_tests]
+    (folder / "survivors.txt").write_text("\n".join(diffs))
+    return score
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help="paths under src/diffusion_rl (rl/advantages.py), or all")
+    parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="prepare the folders and print the commands only")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1,
+                        help="mutants tested at once (default: the number of CPUs)")
+    args = parser.parse_args(argv)
+    known = modules()
+    if args.list:
+        for m in known:
+            print(f"{m}  ->  {tests_of(m)}")
+        return 0
+    chosen = known if args.modules == ["all"] else args.modules
+    unknown = [m for m in chosen if m not in known]
+    if not chosen or unknown:
+        parser.error(f"unknown module(s) {unknown}; allowed: all or one of: {', '.join(known)}")
+    scores = []
+    for m in chosen:
+        if args.dry_run:
+            folder = prepare(m)
+            print(f"# {m}: in {folder}\n{mutmut_table(m)}$ {' '.join(command(args.max_children))}\n")
+            continue
+        score = run(m, args.max_children)
+        print(score.line(), flush=True)
+        for name in score.survived + score.no_tests:
+            print(f"    {name}")
+        scores.append(score)
+    if len(scores) > 1:
+        print("\n| module | mutants | killed | survived | no tests | equivalent | score | time |")
+        print("|---|---|---|---|---|---|---|---|")
+        for s in scores:
+            print(f"| `{s.module}` | {s.total} | {s.killed} | {len(s.survived)} | {len(s.no_tests)} | "
+                  f"{len(s.equivalent)} | {100 * s.score:.1f}% | {s.seconds:.0f} s |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""Mutation testing's configuration still builds (scripts/mutate.py, docs/mutation.md): every module of
+the listed areas is either mutated or excluded with a reason, each module's work folder holds what its
+tests read, mutmut itself reads the table the script writes, and the score counts as documented. The
+mutation runs themselves take minutes per module and are not part of CI."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def mutate():
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "scripts" / "mutate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mutate"] = module  # its dataclass looks its module up while it is built
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["mutate"]
+
+
+def test_every_module_of_the_areas_is_mutated_or_excluded_with_a_reason(mutate):
+    package = ROOT / "src" / "diffusion_rl"
+    found = {p.relative_to(package).as_posix() for area in mutate.AREAS for p in (package / area).rglob("*.py")
+             if p.name != "__init__.py"}
+    listed = set(mutate.modules())
+    assert listed | set(mutate.EXCLUDED) == found  # nothing forgotten, no stale exclusion
+    assert not listed & set(mutate.EXCLUDED)
+    assert all(reason.strip() for reason in mutate.EXCLUDED.values())
+    for must in ("rl/advantages.py", "sampling/sampler.py", "likelihood/elbo.py", "rewards/sudoku.py",
+                 "tasks/base.py", "rl/objectives/stabledrl.py", "rl/objectives/egspo.py"):
+        assert must in listed
+    for m in listed:  # each against its own area's tests, a folder that exists
+        assert (ROOT / mutate.tests_of(m)).is_dir(), m
+
+
+def test_the_work_folder_holds_what_the_tests_read_and_mutmut_reads_its_table(mutate, tmp_path, monkeypatch):
+    monkeypatch.setattr(mutate, "WORK", tmp_path)
+    folder = mutate.prepare("rl/advantages.py")
+    for name in ("src", "tests", *mutate.ALSO_COPY):
+        assert (folder / name).resolve() == (ROOT / name).resolve()
+    # mutmut's own reader, run in the folder as `mutmut run` runs there
+    code = ("from mutmut.configuration import config; c = config(); "
+            "print(c.only_mutate, c.pytest_add_cli_args_test_selection, [str(p) for p in c.source_paths])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ""}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['src/diffusion_rl/rl/advantages.py'] ['tests/unit/rl'] ['src']"
+
+
+def test_the_score_counts_kills_and_timeouts_and_holds_explained_survivors_apart(mutate):
+    codes = {"a": 1, "b": 3, "c": 36, "d": 0, "e": 0, "f": 5, "g": None, "h": 35, "i": -9}
+    killed, survived, no_tests, equivalent = mutate.classify(codes, lambda name: name == "e")
+    assert killed == 3  # test failure, pytest error, timeout
+    assert survived == ["d", "g", "h", "i"]  # not run, suspicious or crashed: not a kill
+    assert no_tests == ["f"] and equivalent == ["e"]
+    score = mutate.Score("m.py", len(codes), killed, survived, no_tests, equivalent, 1.0)
+    assert score.score == pytest.approx(3 / 8)  # killed / (all - equivalent)
+
+
+def test_an_unknown_module_is_refused_with_the_list(mutate, capsys):
+    with pytest.raises(SystemExit):
+        mutate.main(["rl/no_such.py"])
+    assert "rl/advantages.py" in capsys.readouterr().err
