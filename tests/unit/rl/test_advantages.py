@@ -61,8 +61,32 @@ def test_stepwise_metrics_ignore_unused_slots_and_need_values():
     _, m = estimator("stepwise")(rewards, 2, values, valid)
     assert m["egspo_sa/value_mean"] == pytest.approx(0.5)  # the 9s of unused slots are left out
     assert m["egspo_sa/reward_minus_value"] == pytest.approx(0.0)
+    assert m["egspo_sa/adv_std"] == pytest.approx((8 / 9) ** 0.5)  # slot 0's advantages +-2/3, two of them
     with pytest.raises(ValueError, match="values"):
         estimator("stepwise")(rewards, 2)
+
+
+def test_stepwise_defaults_are_the_public_codes_hand_computed():
+    """lam 0.5, returns over (1 + lam), no std: R = r - V / 3 here, centred per slot; the spread metric is
+    the unbiased std of the advantages of the used slots."""
+    rewards = torch.tensor([1.0, 0.0])
+    values = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    adv, m = estimator("stepwise")(rewards, 2, values)  # R = [[1, 2/3], [-1/3, 0]]
+    assert torch.allclose(adv, torch.tensor([[2 / 3, 1 / 3], [-2 / 3, -1 / 3]]))
+    assert m["egspo_sa/adv_std"] == pytest.approx((10 / 27) ** 0.5)  # mean 0, squares 10/9 over 3
+    assert m["egspo_sa/reward_minus_value"] == pytest.approx(0.0)
+
+
+def test_stepwise_metrics_of_one_used_slot_and_of_none():
+    rewards = torch.tensor([1.0, 0.0])
+    values = torch.tensor([[0.25, 9.0], [9.0, 9.0]])
+    one = torch.tensor([[True, False], [False, False]])
+    _, m = estimator("stepwise")(rewards, 2, values, one)
+    assert m["egspo_sa/value_mean"] == pytest.approx(0.25)  # one slot: divided by 1
+    assert m["egspo_sa/reward_minus_value"] == pytest.approx(0.75)
+    assert m["egspo_sa/adv_std"] == 0.0  # no spread from a single advantage (not NaN)
+    _, m = estimator("stepwise")(rewards, 2, values, torch.zeros_like(one))
+    assert (m["egspo_sa/value_mean"], m["egspo_sa/reward_minus_value"], m["egspo_sa/adv_std"]) == (0.0, 0.0, 0.0)
 
 
 def test_configs_validate_and_registry_names():
