@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_fsdp import FSDP, assert_same_steps, assert_same_weights, train
+from tests.e2e.test_fsdp import two_processes_equal_one
 
 GEMMA_RUN = ["model=diffusion_gemma_tiny", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
              "old_policy=precomputed", "task.num_train=64", "task.num_test=8", "task.num_val=8",
@@ -21,10 +21,4 @@ GEMMA_RUN = ["model=diffusion_gemma_tiny", "model.d_model=32", "model.n_layers=2
 @pytest.mark.parametrize("objective", [["objective=tracerl"], ["objective=grpo", "likelihood=uniform_elbo"]],
                          ids=["tracerl", "grpo-uniform_elbo"])
 def test_two_process_fsdp_equals_one_process_for_diffusion_gemma(tmp_path, objective):
-    args = [*GEMMA_RUN, *objective]
-    two = train([*args, *FSDP, "trainer.devices=2"], tmp_path / "two")
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = train(args, tmp_path / "one")
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert_same_steps(tmp_path / "two", tmp_path / "one")
-    assert_same_weights(tmp_path / "two", tmp_path / "one")
+    two_processes_equal_one([*GEMMA_RUN, *objective], tmp_path)

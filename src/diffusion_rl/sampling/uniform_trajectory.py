@@ -99,22 +99,19 @@ class UniformTrajectory:
 
     def positions(self, L: int) -> torch.Tensor:
         """(B, T, L) bool: the completion positions each step accepted (canvas ``k`` covers ``k C .. k C + C``)."""
-        B = self.accepted[0].shape[0] if self.accepted else 0
-        out = torch.zeros(B, self.num_steps, L, dtype=torch.bool,
-                          device=self.accepted[0].device if self.accepted else None)
-        C = self.canvas_length
-        for s, (k, acc) in enumerate(zip(self.canvas_of, self.accepted)):
-            out[:, s, k * C:(k + 1) * C] = acc
-        return out
+        return self._over_completion(self.accepted, L, torch.bool)
 
     def position_logps(self, L: int) -> torch.Tensor:
         """(B, T, L) float32: :attr:`token_logps` placed over the completion as :meth:`positions`."""
+        return self._over_completion(self.token_logps, L, torch.float32)
+
+    def _over_completion(self, per_step: list[torch.Tensor], L: int, dtype: torch.dtype) -> torch.Tensor:
+        """(B, T, L): each step's (B, C) values at its canvas's completion positions, zeros elsewhere."""
         B = self.accepted[0].shape[0] if self.accepted else 0
-        out = torch.zeros(B, self.num_steps, L, dtype=torch.float32,
-                          device=self.accepted[0].device if self.accepted else None)
+        out = torch.zeros(B, self.num_steps, L, dtype=dtype, device=self.accepted[0].device if self.accepted else None)
         C = self.canvas_length
-        for s, (k, lp) in enumerate(zip(self.canvas_of, self.token_logps)):
-            out[:, s, k * C:(k + 1) * C] = lp
+        for s, (k, values) in enumerate(zip(self.canvas_of, per_step)):
+            out[:, s, k * C:(k + 1) * C] = values
         return out
 
     def any_action(self) -> tuple[int, int]:
