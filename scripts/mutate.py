@@ -25,11 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +59,68 @@ EXCLUDED = {
 # check, scripts/ for the scripts they run)
 ALSO_COPY = ("conf", "docs", "scripts")
 
+# Statements not mutated: the words and type of an error (``raise ...``) and of a warning. Whether the
+# error is raised is the condition above it, which is mutated; what the message says is not the math,
+# and a test matching a message's every word would be a snapshot of it. mutmut reads these as regular
+# expressions searched in each line, and skips every statement that starts on a matching line.
+NOT_MUTATED = (r"^\s*raise\b", r"^\s*warnings\.warn\(")
+
 # Equivalent mutants: no test can tell them from the original. Keyed by mutmut's name, with the line
 # as the mutant reads it (an entry whose line no longer matches the mutant is stale and counts as a
 # survivor) and why it is equivalent.
-EQUIVALENT: dict[str, tuple[str, str]] = {}
+_AXIS_2D = "the same axis: dim +1 of a 2-D tensor is dim -1"
+_RAND_OUT = "torch.rand with out=: the out tensor's dtype is the draw's"
+EQUIVALENT: dict[str, tuple[str, str]] = {
+    # rl/advantages.py
+    "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_22": ("r.flip(+1).cumsum(-1).flip(-1)", _AXIS_2D + " (N, T)"),
+    "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_24": ("r.flip(-1).cumsum(+1).flip(-1)", _AXIS_2D + " (N, T)"),
+    "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_26": ("r.flip(-1).cumsum(-1).flip(+1)", _AXIS_2D + " (N, T)"),
+    "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_33": (
+        "torch.arange(T - 1, -1, -1, device=r.device, dtype=None)",
+        "integer counts: dividing the float rewards by them gives the same floats, and count > 0 reads the same"),
+    "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_38": (
+        "torch.arange(T - 1, -1, -1, device=r.device, )",
+        "integer counts: dividing the float rewards by them gives the same floats, and count > 0 reads the same"),
+    "diffusion_rl.rl.advantages.x_zscores__mutmut_44": (
+        "centred / torch.where(flat, 2.0, std)",
+        "the divisor of a flat group, whose quotient the outer where(flat, 0.0, ...) discards"),
+    # sampling/noise.py
+    "diffusion_rl.sampling.noise.xǁRowNoiseǁuniform__mutmut_16": ("generator=gens[b], dtype=None, device=device, out=out[b]",
+                                                                   _RAND_OUT),
+    "diffusion_rl.sampling.noise.xǁRowNoiseǁuniform__mutmut_21": ("generator=gens[b], device=device, out=out[b]", _RAND_OUT),
+    "diffusion_rl.sampling.noise.xǁRowNoiseǁuniform__mutmut_24": (
+        "if len(rows) <= B:", "with every row active the assignment below selects no element"),
+    "diffusion_rl.sampling.noise.xǁRowNoiseǁuniform__mutmut_27": (
+        "out[~active.to(None)] = 0.5", "active already is on the one device the tests have, the CPU"),
+}
+
+# Kinds of equivalent mutants, recognised from the changed line alone: (what, why). A kind holds a
+# mutant apart when the original and the mutated line read the same once the kind's part is taken out.
+_DEVICE = re.compile(r",?\s*device=(None|[\w.]+(\[\d+\])?)")
+_EXPONENT = re.compile(r"\b\d+(\.\d*)?[eE][-+]?\d+\b")
+_FLOAT_WORD = re.compile(r'float\("([-+]?)(inf|nan)"\)', re.IGNORECASE)
+EQUIVALENT_KINDS: dict[str, tuple[Callable[[str], str], str]] = {
+    "device": (lambda line: re.sub(r",\s*\)", ")", _DEVICE.sub("", line)),
+               "a device argument dropped or set to None: the tests run on the one device there is, the CPU "
+               "(a GPU run would tell these apart; the tests that run there are the benchmarks')"),
+    "float word": (lambda line: _FLOAT_WORD.sub(lambda m: f'float("{m[1]}{m[2].lower()}")', line),
+                   'float("-inf") and float("-INF") are the same number: Python reads the word in any case'),
+    "same number": (lambda line: _EXPONENT.sub(lambda m: repr(float(m[0])), line),
+                    "a literal written another way with the same value (1e30 and 1e+30)"),
+}
+
+
+def equivalent_kind(diff: str) -> str | None:
+    """The kind of :data:`EQUIVALENT_KINDS` a mutant is, from mutmut's diff of it (one changed line,
+    or lines changed alike), or None."""
+    minus = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    plus = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    if not minus or len(minus) != len(plus):
+        return None
+    for kind, (strip, _) in EQUIVALENT_KINDS.items():
+        if all(strip(a) == strip(b) for a, b in zip(minus, plus)):
+            return kind
+    return None
 
 def modules() -> list[str]:
     """Every module mutation testing covers, as paths under src/diffusion_rl, sorted."""
@@ -91,6 +151,7 @@ def mutmut_table(module: str) -> str:
         f'pytest_add_cli_args_test_selection = ["{tests_of(module)}"]',
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
         f"also_copy = {json.dumps(list(ALSO_COPY))}",
+        f"do_not_mutate_patterns = {json.dumps(list(NOT_MUTATED))}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -122,6 +183,7 @@ class Score:
     no_tests: list[str]
     equivalent: list[str]
     seconds: float
+    diffs: dict[str, str] = field(default_factory=dict)  # mutmut's diff of each survivor read
 
     @property
     def score(self) -> float:
@@ -166,12 +228,14 @@ def tally(module: str, folder: Path, seconds: float) -> Score:
     meta = json.loads((folder / "mutants" / "src" / "diffusion_rl" / f"{module}.meta").read_text())
     codes: dict[str, int | None] = meta["exit_code_by_key"]
 
+    diffs: dict[str, str] = {}
+
     def is_equivalent(name: str) -> bool:
-        entry = EQUIVALENT.get(name)
-        return entry is not None and entry[0] in show(folder, name)
+        entry, diffs[name] = EQUIVALENT.get(name), show(folder, name)
+        return (entry is not None and entry[0] in diffs[name]) or equivalent_kind(diffs[name]) is not None
 
     killed, survived, no_tests, equivalent = classify(codes, is_equivalent)
-    return Score(module, len(codes), killed, survived, no_tests, equivalent, seconds)
+    return Score(module, len(codes), killed, survived, no_tests, equivalent, seconds, diffs)
 
 
 def run(module: str, max_children: int) -> Score:
@@ -189,7 +253,7 @@ def run(module: str, max_children: int) -> Score:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
         raise SystemExit(f"{module}: mutmut failed ({done.returncode}); {folder / 'mutmut.log'}:\n{tail}")
     score = tally(module, folder, seconds)
-    diffs = [f"# {name}\n{show(folder, name)}" for name in score.survived + score.no_tests]
+    diffs = [f"# {name}\n{score.diffs.get(name) or show(folder, name)}" for name in score.survived + score.no_tests]
     (folder / "survivors.txt").write_text("\n".join(diffs))
     return score
 

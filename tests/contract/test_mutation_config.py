@@ -46,11 +46,44 @@ def test_the_work_folder_holds_what_the_tests_read_and_mutmut_reads_its_table(mu
         assert (folder / name).resolve() == (ROOT / name).resolve()
     # mutmut's own reader, run in the folder as `mutmut run` runs there
     code = ("from mutmut.configuration import config; c = config(); "
-            "print(c.only_mutate, c.pytest_add_cli_args_test_selection, [str(p) for p in c.source_paths])")
+            "print(c.only_mutate, c.pytest_add_cli_args_test_selection, [str(p) for p in c.source_paths]); "
+            "print(c.do_not_mutate_patterns)")
     out = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ""}, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "['src/diffusion_rl/rl/advantages.py'] ['tests/unit/rl'] ['src']"
+    first, patterns = out.stdout.strip().splitlines()
+    assert first == "['src/diffusion_rl/rl/advantages.py'] ['tests/unit/rl'] ['src']"
+    assert patterns == str(list(mutate.NOT_MUTATED))
+
+
+def test_not_mutated_lines_are_raises_and_warnings_only(mutate):
+    import re
+
+    def skipped(line):
+        return any(re.search(p, line) for p in mutate.NOT_MUTATED)
+
+    assert skipped("        raise ConfigError(key, value, 'must be > 0')") and skipped("    raise")
+    assert skipped("    warnings.warn(f'{old} is deprecated')")
+    for kept in ("    if x < 1:", "    raised = a / b", "    return warnings_of(x)", "    y = x  # raise later"):
+        assert not skipped(kept)
+
+
+def diff(before, after):
+    return f"--- a\n+++ b\n@@ -1 +1 @@\n-{before}\n+{after}\n"
+
+
+def test_equivalent_kinds_hold_apart_only_what_they_name(mutate):
+    line = "    out = torch.ones(n, dtype=torch.bool, device=x.device)"
+    assert mutate.equivalent_kind(diff(line, line.replace("device=x.device", "device=None"))) == "device"
+    assert mutate.equivalent_kind(diff(line, line.replace(", device=x.device", ", "))) == "device"
+    assert mutate.equivalent_kind(diff(line, line.replace("dtype=torch.bool", "dtype=None"))) is None
+    inf = '    c = c.masked_fill(~ok, float("-inf"))'
+    assert mutate.equivalent_kind(diff(inf, inf.replace("-inf", "-INF"))) == "float word"
+    assert mutate.equivalent_kind(diff(inf, inf.replace("-inf", "+inf"))) is None
+    big = "    v = torch.full_like(v, -1e30)"
+    assert mutate.equivalent_kind(diff(big, big.replace("1e30", "1e+30"))) == "same number"
+    assert mutate.equivalent_kind(diff(big, big.replace("1e30", "1e31"))) is None
+    assert mutate.equivalent_kind(diff("    x = a / b", "    x = a * b")) is None
 
 
 def test_the_score_counts_kills_and_timeouts_and_holds_explained_survivors_apart(mutate):

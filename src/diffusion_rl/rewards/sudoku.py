@@ -51,7 +51,9 @@ def parse_answer(completion: Any) -> str:
 
 
 def cell_score(answer: str, puzzle: str, solution: str) -> float:
-    empty = [(a, s) for a, p, s in zip(answer, puzzle, solution, strict=False) if p == "0"]
+    """The share of the puzzle's empty cells that ``answer`` (16 cells, :func:`parse_answer`) fills with
+    the solution's digit; a grid of another length is refused (ValueError), not scored on a part."""
+    empty = [(a, s) for a, p, s in zip(answer, puzzle, solution, strict=True) if p == "0"]
     if not empty:
         return 1.0  # nothing to fill: every empty cell is trivially right
     return sum(a == s for a, s in empty) / len(empty)

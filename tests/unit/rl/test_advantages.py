@@ -184,3 +184,41 @@ def test_per_token_is_group_std_with_token_credit(tmp_path):
     adv, _ = c.advantage(SEQ_R, 2, token_rewards=TOKEN_R)
     scale = torch.tensor([0.5, 0.0]).std().item() + 1e-4
     assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]]) / scale)
+
+
+def test_stepwise_reward_minus_value_is_the_mean_over_the_used_slots():
+    rewards = torch.tensor([1.0, 0.0])
+    values = torch.tensor([[0.5, 0.25], [0.5, 9.0]])
+    valid = torch.tensor([[True, True], [True, False]])
+    _, m = estimator("stepwise")(rewards, 2, values, valid)
+    assert m["egspo_sa/reward_minus_value"] == pytest.approx((0.5 + 0.75 - 0.5) / 3)
+    assert m["egspo_sa/value_mean"] == pytest.approx((0.5 + 0.25 + 0.5) / 3)
+
+
+def test_credited_token_frac_is_the_share_of_tokens_with_a_reward_of_their_own():
+    token_r = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.5]])
+    _, m = estimator("group", credit="token")(torch.tensor([1.0, 0.5]), 2, token_rewards=token_r)
+    assert m["advantage/credited_token_frac"] == pytest.approx(2 / 6)
+
+
+def test_zscore_is_zero_only_below_zero_std():
+    r = torch.tensor([0.0, 2.0, 0.0, 0.5])  # population std 1.0 and 0.25
+    z, _ = estimator("zscore", zero_std=1.0)(r, 2)
+    assert torch.allclose(z, torch.tensor([-1.0, 1.0, 0.0, 0.0]))  # std 1.0 is not below 1.0; 0.25 is
+
+
+def test_mdpo_step_gains_hand_computed():
+    from diffusion_rl.rl.advantages import mdpo_step_gains
+
+    # (r_t - r_{t-1}) + 1 + mean of the later steps' rewards; the last step takes its own reward
+    values = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.5, 0.5]])
+    expected = torch.tensor([[1 + 1 + 0.5, -1 + 1 + 1.0, 1 + 1 + 1.0],
+                             [0 + 1 + 0.5, 0.5 + 1 + 0.5, 0 + 1 + 0.5]])
+    assert torch.allclose(mdpo_step_gains(values), expected)
+
+
+def test_mdpo_best_minus_final_is_each_row_s_best_step_over_its_final_one():
+    values = torch.tensor([[0.0, 0.5, 0.0], [1.0, 1.0, 1.0]])  # row 0 lost 0.5 at the end; row 1 nothing
+    _, m = estimator("mdpo")(torch.tensor([0.0, 1.0]), 2, values)
+    assert m["mdpo/best_minus_final"] == pytest.approx(0.25)
+    assert m["mdpo/value_mean"] == pytest.approx(3.5 / 6)

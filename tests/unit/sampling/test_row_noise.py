@@ -144,3 +144,28 @@ def test_evaluation_batch_size_changes_no_completion(flat):
     assert outs[0] == outs[1] == outs[2]
     shifted = generate_texts(flat, PROMPTS, cfg, len(PROMPTS), rows=list(range(1, len(PROMPTS) + 1)))
     assert shifted != outs[0]  # the item ids key the draws
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_row_noise_is_each_row_s_seeded_stream_in_the_asked_dtype(dtype):
+    from diffusion_rl.sampling.noise import uniform
+
+    cpu = torch.device("cpu")
+    noise = RowNoise([5, 9])
+    u = uniform(noise, (3, 4), torch.tensor([True, True]), dtype, cpu)
+    assert u.dtype == dtype
+    for b, seed in enumerate([5, 9]):  # row b: torch.rand from a generator seeded with its seed
+        assert torch.equal(u[b], torch.rand((3, 4), generator=torch.Generator().manual_seed(seed), dtype=dtype))
+    g = uniform(None, (3,), torch.ones(2, dtype=torch.bool), dtype, cpu)  # no noise: the global generator
+    assert g.shape == (2, 3) and g.dtype == dtype
+
+
+def test_row_noise_generators_are_one_stream_per_row_across_calls():
+    cpu = torch.device("cpu")
+    noise = RowNoise([5, 9])
+    first = noise.uniform((2,), torch.tensor([True, True]), torch.float64, cpu)
+    gens = noise.generators(cpu)
+    assert gens is noise.generators(cpu)  # the same generators again: the streams go on, never restart
+    after = torch.rand(2, generator=gens[0], dtype=torch.float64)
+    both = torch.rand(4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    assert torch.equal(torch.cat([first[0], after]), both)

@@ -213,6 +213,36 @@ def test_stop_after_eos_fills_the_remaining_blocks_without_forwards(tiny_bundle)
     assert rec.counts.sum().item() == 2 * 4
 
 
+def test_stop_after_eos_stopped_and_continued_equals_the_uninterrupted_run():
+    """A schedule cut at any step and continued from its state (a tree's branches) ends as the
+    uninterrupted run: the rows that ended at a block end already passed stay ended (they are filled,
+    not decoded), the others go on. Row 0 writes EOS from completion position 1 (ends in block 0), row 1
+    from position 5 (block 1), row 2 never."""
+    V, eos, m, P = 12, 11, 10, 2
+    after = torch.tensor([1, 5, 99])
+
+    def fwd(ids, attn):
+        logits = torch.zeros(ids.shape[0], ids.shape[1], V)
+        pos = torch.arange(ids.shape[1])
+        logits[:, :, 7] = 5.0 + 0.01 * pos
+        logits[pos[None, :] >= P + after[ids[:, 0]][:, None], eos] = 9.0  # the row's first prompt token picks it
+        logits[..., m] = -1e9
+        return logits
+
+    ids = torch.tensor([[0, 3], [1, 3], [2, 3]])
+    cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.0, stop_after_eos=True)
+    full = generate(fwd, ids, None, cfg, m, eos_id=eos)
+    assert (full.completion[0, 1:] == eos).all() and (full.completion[1, 5:] == eos).all()
+    assert (full.completion[1, :5] == 7).all() and (full.completion[2] == 7).all()
+    for cut in range(1, 6):
+        part = generate(fwd, ids, None, cfg, m, eos_id=eos, stop_step=cut)
+        assert (part.completion == m).any()  # a stopped state stays masked: its continuation fills it
+        rest = generate(fwd, ids, None, cfg, m, eos_id=eos, canvas=part.completion, start_step=cut)
+        assert torch.equal(rest.completion, full.completion), cut
+        # forwards of the continuation: the blocks still decoding, none for a block every row has ended
+        assert part.forwards + rest.forwards == full.forwards, cut
+
+
 def test_sampler_option_errors():
     from diffusion_rl.core.errors import ConfigError
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import random
-import time
 
 import pytest
 from hypothesis import assume, given, settings
@@ -13,9 +11,6 @@ from hypothesis import strategies as st
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.rewards.sudoku import (
     is_valid_solution,
-    parse_answer,
-    sudoku_cell_reward,
-    sudoku_metrics,
 )
 from diffusion_rl.tasks import TASKS
 from diffusion_rl.tasks.sudoku import (
@@ -70,33 +65,6 @@ def _task(**kw) -> SudokuTask:
 
 
 # ---- grids and puzzles -------------------------------------------------------------------------
-def test_exactly_288_distinct_valid_grids():
-    grids = all_solution_grids()
-    assert len(grids) == 288
-    assert len(set(grids)) == 288
-    assert all(is_valid_solution(g) for g in grids)
-    assert grids == sorted(grids)  # deterministic order
-    # Brute force over all row permutations agrees on the set.
-    rows = ["".join(p) for p in itertools.permutations("1234")]
-    brute = {"".join(r) for r in itertools.product(rows, repeat=4) if is_valid_solution("".join(r))}
-    assert brute == set(grids)
-
-
-@pytest.mark.parametrize(
-    "grid",
-    [
-        "1234123412341234",
-        "314224314213132",
-        "31422431421313244",
-        "3142243142131325",
-        "314224314213132x",
-        "0142243142131324",
-    ],
-)
-def test_invalid_grids_rejected(grid):
-    assert not is_valid_solution(grid)
-
-
 def test_count_solutions_agrees_with_brute_force():
     rng = random.Random(1)
     grids = all_solution_grids()
@@ -196,82 +164,6 @@ def test_data_path_excludes_csv_solutions_from_training(tmp_path):
     assert set(task.train_grids()) == set(all_solution_grids()) - set(held)
     assert val and not {it["solution"] for it in val} & set(held)  # puzzles of training grids, never a CSV grid
     assert not {it["puzzle"] for it in val} & {it["puzzle"] for it in task.train_items()}
-
-
-# ---- answer parsing and reward -----------------------------------------------------------------
-def _reward(completion, puzzle=PUZZLE, solution=GRID) -> float:
-    return sudoku_cell_reward(["p"], [completion], puzzle=[puzzle], solution=[solution])[0]
-
-
-def test_reward_hand_built_cases():
-    puzzle, solution = "1234341221430000", "1234341221434321"
-    assert _reward("1234341221434321", puzzle, solution) == 1.0
-    assert _reward("1234341221434300", puzzle, solution) == 0.5  # 2 of 4 empty cells right
-    assert _reward("0000000000004000", puzzle, solution) == 0.25  # givens need not be repeated
-    assert _reward("1234341221431234", puzzle, solution) == 0.0
-    assert _reward("anything", solution, solution) == 1.0  # no empty cell
-    # README example: 8 empty cells (2, 5, 6, 7, 8, 11, 12, 15); this answer fills 2 and 5 right.
-    answer = "3142" + "2400" + "0000" + "0000"
-    assert _reward(answer) == pytest.approx(2 / 8)
-
-
-def test_reward_adversarial_strings():
-    full = 1.0
-    assert _reward("") == 0.0
-    assert _reward("no tags, no digits") == 0.0
-    assert _reward(GRID) == full  # no tags: the whole completion
-    assert _reward(f"reasoning 9 9 <answer>{GRID}</answer>") == full
-    assert _reward(" ".join(GRID)) == full  # non-digits dropped
-    assert _reward("3,1,4,2|2,4,3,1\n4,2,1,3;1,3,2,4") == full
-    assert (
-        _reward("３１４２２４３１４２１３１３２４") == 0.0
-    )  # full-width digits are not digits here
-    assert _reward("٣١٤٢٢٤٣١٤٢١٣١٣٢٤") == 0.0  # Arabic-Indic digits
-    assert _reward("３" + GRID) == full  # a unicode digit is dropped, not counted
-    assert _reward(f"<answer>0000000000000000</answer><answer>{GRID}</answer>") == full
-    assert _reward(f"<answer>{GRID}</answer>" * 1000 + "<answer>0000000000000000</answer>") == 0.0
-    assert _reward(f"<answer>1111</answer> <answer>{GRID}") == full  # unterminated last block
-    assert _reward(GRID + "9999") == full  # truncated to 16
-    assert _reward(None) == 0.0  # type: ignore[arg-type]
-
-
-def test_reward_bounded_time_on_huge_strings():
-    # a generous bound that a loaded 2-core machine meets; a quadratic scan of 1 MB would take minutes
-    for huge in ("x" * 10**6, "7" * 10**6, "<answer>" * 125_000, "９" * 10**6, GRID + "a" * 10**6):
-        start = time.perf_counter()
-        value = _reward(huge)
-        assert time.perf_counter() - start < 10.0
-        assert 0.0 <= value <= 1.0
-    assert _reward("a" * 10**6 + GRID) == 1.0
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text(), st.sampled_from(all_solution_grids()), st.integers(0, 2**16 - 1))
-def test_reward_never_raises_and_in_unit_interval(text, grid, blank_bits):
-    puzzle = "".join("0" if blank_bits >> i & 1 else c for i, c in enumerate(grid))
-    value = _reward(text, puzzle, grid)
-    assert 0.0 <= value <= 1.0
-    assert len(parse_answer(text)) == 16
-    assert set(parse_answer(text)) <= set("0123456789")
-
-
-# ---- metrics -----------------------------------------------------------------------------------
-def test_valid_rate_accepts_alternative_solution():
-    puzzle = "0" * 8 + GRID[8:]  # the top half is ambiguous
-    alternatives = [g for g in all_solution_grids() if g[8:] == GRID[8:] and g != GRID]
-    assert count_solutions(puzzle) == 2 and len(alternatives) >= 1
-    alt = alternatives[0]
-    broken = alt[:8] + ("1" if alt[8] != "1" else "2") + alt[9:]  # breaks a given
-    m = sudoku_metrics([alt, GRID, broken, ""], [puzzle] * 4, [GRID] * 4)
-    assert m["valid_rate"] == 0.5  # alt and GRID
-    assert m["solved_rate"] == 0.25  # only GRID matches the reference
-    expected_alt = sum(a == s for a, s in zip(alt[:8], GRID[:8], strict=True)) / 8
-    assert m["cell_accuracy"] == pytest.approx((expected_alt + 1.0 + expected_alt + 0.0) / 4)
-    assert sudoku_metrics([], [], []) == {
-        "cell_accuracy": 0.0,
-        "solved_rate": 0.0,
-        "valid_rate": 0.0,
-    }
 
 
 def test_task_metrics_uses_items():
