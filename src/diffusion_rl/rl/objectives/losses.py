@@ -72,8 +72,8 @@ def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, clipped_low: torc
                   clipped_high: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``ratio/log_mean|log_std|log_min|log_max`` over the units that count, and the fractions of
     them clipped below / above (``ratio/clip_frac_low|high``). All (B, U); detached. Without the clipped
-    units (a ratio-free objective's diagnostic ``ratio_diagnostic``: nothing is clipped) both fractions
-    are 0."""
+    units, or with one of the two missing (a ratio-free objective's diagnostic ``ratio_diagnostic``:
+    nothing is clipped), both fractions are 0."""
     with torch.no_grad():
         if clipped_low is None or clipped_high is None:
             clipped_low = clipped_high = torch.zeros_like(log_ratio, dtype=torch.bool)  # (B, U)
