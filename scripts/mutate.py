@@ -210,6 +210,7 @@ class Score:
     equivalent: list[str]
     seconds: float
     diffs: dict[str, str] = field(default_factory=dict)  # mutmut's diff of each survivor read
+    commit: str = ""  # the commit the run started from ("+changes": with uncommitted changes)
 
     @property
     def score(self) -> float:
@@ -219,7 +220,16 @@ class Score:
     def line(self) -> str:
         return (f"{self.module}: {self.total} mutants, {self.killed} killed, {len(self.survived)} survived, "
                 f"{len(self.no_tests)} no tests, {len(self.equivalent)} equivalent; "
-                f"score {100 * self.score:.1f}% in {self.seconds:.0f} s")
+                f"score {100 * self.score:.1f}% in {self.seconds:.0f} s at {self.commit}")
+
+
+def commit_of(root: Path) -> str:
+    """The commit the repository is at, with ``+changes`` when files differ from it (what a score is of)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def show(folder: Path, name: str) -> str:
@@ -266,6 +276,7 @@ def tally(module: str, folder: Path, seconds: float) -> Score:
 
 def run(module: str, max_children: int) -> Score:
     folder = prepare(module)
+    commit = commit_of(ROOT)
     env = dict(os.environ)
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # tiny tensors: one thread per test process
         env.setdefault(key, "1")
@@ -279,6 +290,7 @@ def run(module: str, max_children: int) -> Score:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
         raise SystemExit(f"{module}: mutmut failed ({done.returncode}); {folder / 'mutmut.log'}:\n{tail}")
     score = tally(module, folder, seconds)
+    score.commit = commit
     diffs = [f"# {name}\n{score.diffs.get(name) or show(folder, name)}" for name in score.survived + score.no_tests]
     (folder / "survivors.txt").write_text("\n".join(diffs))
     return score
@@ -313,11 +325,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {name}")
         scores.append(score)
     if len(scores) > 1:
-        print("\n| module | mutants | killed | survived | no tests | equivalent | score | time |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("\n| module | mutants | killed | survived | no tests | equivalent | score | time | commit |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for s in scores:
             print(f"| `{s.module}` | {s.total} | {s.killed} | {len(s.survived)} | {len(s.no_tests)} | "
-                  f"{len(s.equivalent)} | {100 * s.score:.1f}% | {s.seconds:.0f} s |")
+                  f"{len(s.equivalent)} | {100 * s.score:.1f}% | {s.seconds:.0f} s | {s.commit} |")
     return 0
 
 
