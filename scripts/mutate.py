@@ -229,7 +229,7 @@ def commit_of(root: Path) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    return head + ("+changes" if git("status", "--porcelain") else "")
 
 
 def show(folder: Path, name: str) -> str:
