@@ -59,11 +59,11 @@ EXCLUDED = {
 # check, scripts/ for the scripts they run)
 ALSO_COPY = ("conf", "docs", "scripts")
 
-# Statements not mutated: the words and type of an error (``raise ...``) and of a warning. Whether the
+# Statements not mutated: the words and type of an error (``raise ...``), of a warning and of a log line. Whether the
 # error is raised is the condition above it, which is mutated; what the message says is not the math,
 # and a test matching a message's every word would be a snapshot of it. mutmut reads these as regular
 # expressions searched in each line, and skips every statement that starts on a matching line.
-NOT_MUTATED = (r"^\s*raise\b", r"^\s*warnings\.warn\(")
+NOT_MUTATED = (r"^\s*raise\b", r"^\s*warnings\.warn\(", r"^\s*(log|logger)\.(debug|info|warning|error)\(")
 
 # Equivalent mutants: no test can tell them from the original. Keyed by mutmut's name, with the line
 # as the mutant reads it (an entry whose line no longer matches the mutant is stale and counts as a

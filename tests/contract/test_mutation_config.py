@@ -64,7 +64,9 @@ def test_not_mutated_lines_are_raises_and_warnings_only(mutate):
 
     assert skipped("        raise ConfigError(key, value, 'must be > 0')") and skipped("    raise")
     assert skipped("    warnings.warn(f'{old} is deprecated')")
-    for kept in ("    if x < 1:", "    raised = a / b", "    return warnings_of(x)", "    y = x  # raise later"):
+    assert skipped("        log.warning('objective.eps=%g cannot act', eps)") and skipped("    log.info('x')")
+    for kept in ("    if x < 1:", "    raised = a / b", "    return warnings_of(x)", "    y = x  # raise later",
+                 "    catalog.info(x)"):
         assert not skipped(kept)
 
 

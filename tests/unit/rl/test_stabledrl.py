@@ -11,6 +11,7 @@ from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import (
     ELBOConfig,
     ELBOEstimator,
+    eubo_from_logps,
 )
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives.base import StepContext, agg_loss, kl_penalty
@@ -22,6 +23,8 @@ from diffusion_rl.rl.objectives.stabledrl import (
     stabledrl_loss,
 )
 from tests.helpers.common import compose_cfg, make_batch, rollout_of
+
+MASK_ID = 99
 
 
 def make_rollout(bundle, G=4, groups=2, L=10, seed=0):
@@ -327,3 +330,96 @@ def test_grpo_on_elbo_can_draw_fresh_masks(tmp_path, tiny_bundle):
     _, shared = GRPO(GRPOConfig(beta=0.0), est).loss(_ctx(tiny_bundle, net, old, ro))
     _, fresh = GRPO(GRPOConfig(beta=0.0, share_masks_with_old=False), est).loss(_ctx(tiny_bundle, net, old, ro))
     assert shared["ratio/log_std"].item() == 0.0 and fresh["ratio/log_std"].item() > 0
+
+
+def test_clip_bounds_at_eps_one_and_above_have_no_lower_bound():
+    assert clip_bounds(1.0, "paper") == (-math.inf, math.log(2.0))
+    assert clip_bounds(1.5, "paper") == (-math.inf, math.log(2.5))
+    assert clip_bounds(0.5, "paper") == (math.log(0.5), math.log(1.5))
+    with pytest.raises(ValueError, match="unknown clip 'clamp'"):
+        clip_bounds(5.0, "clamp")
+
+
+def test_ppo_weights_zero_only_above_the_bound_with_a_positive_advantage():
+    # eps = 1: the bound is log 1 = 0, so a log-ratio of exactly 0 is at it, not above
+    lr = torch.tensor([0.0, 0.5, 0.5, 0.5, -3.0, 0.0, 0.0, 0.0])
+    adv = torch.tensor([1.0, 1.0, 0.0, -1.0, -1.0, 0.0, 0.0, 0.0])
+    w, w_norm = group_weights(lr, 4, 1.0, "ppo", "self", adv)
+    kept = torch.tensor([[0.0, -math.inf, 0.5, 0.5], [-3.0, 0.0, 0.0, 0.0]])
+    assert torch.allclose(w_norm, torch.softmax(kept, -1))  # only (0.5, A = 1) is out
+    assert torch.equal(w, w_norm)
+    # a group with every sample clipped away weighs 0, not NaN
+    w, _ = group_weights(torch.full((4,), 2.0), 4, 1.0, "ppo", "self", torch.ones(4))
+    assert torch.equal(w, torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="clip=ppo needs the advantages"):
+        group_weights(lr, 4, 1.0, "ppo")
+    assert torch.equal(group_weights(lr, 4, 0.5)[0], group_weights(lr, 4, 0.5, "paper")[0])  # the default clip
+    with pytest.raises(ValueError, match="unknown normalize"):
+        group_weights(lr, 4, 1.0, "paper", "sum")
+
+
+def test_clip_fractions_count_strictly_beyond_the_bounds():
+    lo = torch.tensor(math.log(0.25))  # eps 0.75: lo = log 0.25, hi = log 1.75, as float32 log-ratios
+    hi = torch.tensor(math.log(1.75))
+    elbo = torch.stack([lo, hi, lo - 0.1, hi + 0.1])
+    _, m = sdrl_loss(elbo, torch.zeros(4), torch.tensor([1.0, -1.0, -1.0, 1.0]), 4, 0.75)
+    assert m["ratio/clip_frac_low"].item() == pytest.approx(0.25)  # at the bounds is not beyond them
+    assert m["ratio/clip_frac_high"].item() == pytest.approx(0.25)
+    # ppo: only ratios above the bound with A > 0 count, the others are not clipped
+    _, m = sdrl_loss(torch.tensor([0.0, 0.5, 0.5, 0.0]), torch.zeros(4), torch.tensor([1.0, 1.0, 0.0, -1.0]), 4, 1.0, "ppo")
+    assert m["ratio/clip_frac_high"].item() == pytest.approx(0.25)
+    assert m["ratio/clip_frac_low"].item() == 0.0
+
+
+def test_stabledrl_config_edges():
+    for ok in (dict(eps=1e-6), dict(eps=0.5), dict(eubo_beta=0.5), dict(mix_weight=0.0), dict(mix_weight=1.0),
+               dict(normalize="group_size"), dict(surrogate="spg_mix"), dict(clip="ppo")):
+        StableDRLConfig(**ok).validate()
+    for bad, key in ((dict(eps=0.0), "eps"), (dict(eubo_beta=0.0), "eubo_beta"), (dict(mix_weight=-0.01), "mix_weight"),
+                     (dict(mix_weight=1.01), "mix_weight"), (dict(clip="clamp"), "clip"),
+                     (dict(normalize="sum"), "normalize"), (dict(surrogate="eubo"), "surrogate")):
+        with pytest.raises(ConfigError, match=rf"^objective\.{key}\b"):
+            StableDRLConfig(**bad).validate()
+
+
+def test_the_eps_warning_names_when_clipping_cannot_act(caplog):
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), MASK_ID)
+    cases = [(dict(mu=1, share_masks_with_old=True, clip="cap"), True),
+             (dict(mu=2, share_masks_with_old=True, clip="cap"), False),
+             (dict(mu=1, share_masks_with_old=False, clip="cap"), False),
+             (dict(mu=1, share_masks_with_old=True, clip="none"), False)]
+    for kw, warns in cases:
+        caplog.clear()
+        StableDRL(StableDRLConfig(**kw), est)
+        assert ("cannot act" in caplog.text) is warns, kw
+
+
+def test_spg_mix_needs_the_mean_weighting_and_null_takes_it_where_the_likelihood_gives_it():
+    mean = ELBOEstimator(ELBOConfig(weighting="mean"), MASK_ID)
+    inverse = ELBOEstimator(ELBOConfig(weighting="inverse_t", t_min=0.001), MASK_ID)
+    assert StableDRL(StableDRLConfig(surrogate=None), mean).surrogate == "spg_mix"
+    assert StableDRL(StableDRLConfig(surrogate=None), inverse).surrogate == "elbo"
+    with pytest.raises(ConfigError, match=r"^likelihood\.weighting='inverse_t'"):
+        StableDRL(StableDRLConfig(surrogate="spg_mix"), inverse)
+    assert StableDRL(StableDRLConfig(surrogate="spg_mix"), mean).surrogate == "spg_mix"
+
+
+def test_spg_mix_surrogate_is_the_elbo_for_positive_advantages_and_the_mix_otherwise(tiny_bundle):
+    ro = make_rollout(tiny_bundle)
+    ro.pinned = torch.zeros_like(ro.completion_ids, dtype=torch.bool)
+    ro.pinned[:, 0] = True  # the task's known tokens: context, never masked
+    net = tiny_bundle.net.eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="mean"), tiny_bundle.mask_token_id)
+    obj = StableDRL(StableDRLConfig(eubo_beta=2.0, mix_weight=0.3), est)
+    ctx = _ctx(tiny_bundle, net, net, ro)
+    with torch.no_grad():
+        units = obj.logp_units(ctx, logits_fn(net), "policy")
+        s = est.sample(logits_fn(net), ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.scored_mask,
+                       obj.mask_seeds(ctx, "policy"), pinned=ro.pinned)
+    elbo = est.reduce(s)
+    mix = 0.7 * elbo + 0.3 * eubo_from_logps(s.token_logps, s.masked, s.t, 2.0)
+    assert not s.masked[:, :, 0].any()  # the pinned position was never masked
+    assert torch.allclose(units.logp[:, 0], elbo)
+    expected = torch.where(ro.advantages > 0, elbo, mix)
+    assert (ro.advantages > 0).any() and (ro.advantages <= 0).any()
+    assert torch.allclose(units.surrogate[:, 0], expected)

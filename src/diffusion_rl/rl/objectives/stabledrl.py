@@ -119,7 +119,8 @@ def group_weights(log_ratio: torch.Tensor, group_size: int, eps: float, clip: st
     """Detached weights ``w`` and their normalised form ``w / sum_group w``, both (N/G, G).
 
     The softmax runs over each prompt's group only (rows of the ``(N/G, G)`` view). ``clip=ppo`` reads
-    the ``advantages`` (N,): a ratio above the bound with ``A > 0`` (below it with ``A < 0``) weighs 0.
+    the ``advantages`` (N,): a ratio above the bound with ``A > 0`` weighs 0 (its bound is an upper one
+    only, :func:`clip_bounds`; a group with every weight at 0 weighs 0, not NaN).
     """
     lr = log_ratio.detach().float().view(-1, group_size)  # (N/G, G)
     lo, hi = clip_bounds(eps, clip)
@@ -127,7 +128,7 @@ def group_weights(log_ratio: torch.Tensor, group_size: int, eps: float, clip: st
         if advantages is None:
             raise ValueError("clip=ppo needs the advantages")
         adv = advantages.detach().float().view(-1, group_size)  # (N/G, G)
-        out = ((lr > hi) & (adv > 0)) | ((lr < lo) & (adv < 0))  # clipped away: no gradient
+        out = (lr > hi) & (adv > 0)  # clipped away: no gradient
         lt = torch.where(out, torch.full_like(lr, -math.inf), lr)
     else:
         lt = lr.clamp(lo, hi)  # infinite bounds are no-ops
@@ -159,8 +160,8 @@ def stabledrl_loss(
     lo, hi = clip_bounds(cfg.eps, cfg.clip)
     loss = -(w * adv * surr.reshape(-1, G)).sum(-1).mean()
     low, high = lr < lo, lr > hi
-    if cfg.clip == "ppo":  # only the conditional clip's cases count as clipped
-        low, high = low & (adv < 0), high & (adv > 0)
+    if cfg.clip == "ppo":  # only the conditional clip's case counts as clipped (its bound is an upper one only)
+        high = high & (adv > 0)
     metrics = ratio_metrics(lr, torch.ones_like(lr), low, high)
     metrics["weights/ess"] = (1.0 / w_norm.pow(2).sum(-1)).mean()
     metrics["weights/max"] = w.max()
