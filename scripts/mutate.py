@@ -59,11 +59,13 @@ EXCLUDED = {
 # check, scripts/ for the scripts they run)
 ALSO_COPY = ("conf", "docs", "scripts")
 
-# Statements not mutated: the words and type of an error (``raise ...``), of a warning and of a log line. Whether the
+# Statements not mutated: the words and type of an error (``raise ...``), an ``assert`` (an invariant of
+# the code's own calls, which no valid input reaches), a warning and a log line. Whether the
 # error is raised is the condition above it, which is mutated; what the message says is not the math,
 # and a test matching a message's every word would be a snapshot of it. mutmut reads these as regular
 # expressions searched in each line, and skips every statement that starts on a matching line.
-NOT_MUTATED = (r"^\s*raise\b", r"^\s*warnings\.warn\(", r"^\s*(log|logger)\.(debug|info|warning|error)\(")
+NOT_MUTATED = (r"^\s*raise\b", r"^\s*assert\b", r"^\s*warnings\.warn\(",
+               r"^\s*(log|logger)\.(debug|info|warning|error)\(")
 
 # Equivalent mutants: no test can tell them from the original. Keyed by mutmut's name, with the line
 # as the mutant reads it (an entry whose line no longer matches the mutant is stale and counts as a
@@ -71,6 +73,8 @@ NOT_MUTATED = (r"^\s*raise\b", r"^\s*warnings\.warn\(", r"^\s*(log|logger)\.(deb
 _AXIS_2D = "the same axis: dim +1 of a 2-D tensor is dim -1"
 _RAND_OUT = "torch.rand with out=: the out tensor's dtype is the draw's"
 _CPU = "no device given: the tensors are made on the one device the tests have, the CPU"
+_NONE_FALSE = "read as a truth value only: None and False alike"
+_BLOCK_END = "at a block end the completion up to it is committed: no mask is left to compare with"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -94,6 +98,91 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "if len(rows) <= B:", "with every row active the assignment below selects no element"),
     "diffusion_rl.sampling.noise.xǁRowNoiseǁuniform__mutmut_27": (
         "out[~active.to(None)] = 0.5", "active already is on the one device the tests have, the CPU"),
+    # sampling/sampler.py
+    "diffusion_rl.sampling.sampler.x__ended_before__mutmut_1": ('ended = None',
+        _NONE_FALSE),
+    "diffusion_rl.sampling.sampler.x__ended_before__mutmut_11": ('ended = end <= x.shape[1] and mark_ended(x, start, end, eos_id, mask_id, ended_at)',
+        "the last block's end: a row marked there gets the end it already has, the completion's"),
+    "diffusion_rl.sampling.sampler.x__ended_before__mutmut_17": ('ended = end < x.shape[1] and mark_ended(x, start, end, eos_id, None, ended_at)',
+        _BLOCK_END),
+    "diffusion_rl.sampling.sampler.x_mark_ended__mutmut_7": ('newly = rows_ended(x, start, end, eos_id, None) & (ended_at > end)',
+        _BLOCK_END),
+    "diffusion_rl.sampling.sampler.x_mark_ended__mutmut_13": ('newly = rows_ended(x, start, end, eos_id, mask_id) & (ended_at >= end)',
+        "a row whose end is this block's end is set to it again"),
+    "diffusion_rl.sampling.sampler.x_ass_transfer_tokens__mutmut_24": ('k[:, -1] = masked - k[:, :-1].sum(+1)',
+        _AXIS_2D + " (B, steps)"),
+    "diffusion_rl.sampling.sampler.x_block_schedule__mutmut_9": ('masked = open_().sum(+1)',
+        _AXIS_2D + " (B, n)"),
+    "diffusion_rl.sampling.sampler.x_completion_mask__mutmut_6": ('after = (is_eos.long().cumsum(+1) - is_eos.long()) > 0',
+        _AXIS_2D + " (B, L)"),
+    "diffusion_rl.sampling.sampler.x_denoise_step__mutmut_3": ('active = allowed.any(+1)',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_denoise_step__mutmut_48": ('conf = uniform(noise, tuple(allowed.shape[1:]), active, None, allowed.device)',
+        "no dtype: torch.empty's default, float32, is the one given"),
+    "diffusion_rl.sampling.sampler.x_fill_after__mutmut_16": ('stats.filled = float(filled.sum(+1).double().mean()) if filled.numel() else 0.0',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_full_step__mutmut_1": ('if cfg.cfg_scale < 0:',
+        "at scale 0 guided_logits runs the plain step itself"),
+    "diffusion_rl.sampling.sampler.x_gumbel_argmax__mutmut_9": ('active = torch.ones(logits.shape[0], dtype=None, device=logits.device)',
+        "every row active: ones of another dtype select the same rows"),
+    "diffusion_rl.sampling.sampler.x_gumbel_argmax__mutmut_12": ('active = torch.ones(logits.shape[0], device=logits.device)',
+        "every row active: ones of another dtype select the same rows"),
+    "diffusion_rl.sampling.sampler.x_gumbel_argmax__mutmut_33": ('return g.add_(logits.to(None) / temperature).argmax(-1)',
+        "logits / tau in the logits' dtype rather than float64: a rounding of 1e-7, and no test draws the near-tie it would need to flip an argmax"),
+    "diffusion_rl.sampling.sampler.x_num_transfer_tokens__mutmut_2": ('base = (masked / steps)[:, None]',
+        "a float quotient, truncated by .long() after the remainder is added: the same counts for counts >= 0"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_13": ('c = conf.masked_fill(~allowed, float("-inf")).sort(descending=True).values',
+        "sort's default dimension is the last"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_23": ('c = conf.masked_fill(~allowed, float("-inf")).sort(+1, descending=True).values',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_30": ('rank = torch.arange(1, c.shape[-1] + 1, device=c.device, dtype=None)',
+        "integer ranks: factor / (rank + 1) is then computed in the default float32, the confidences' dtype"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_34": ('rank = torch.arange(1, c.shape[-1] + 1, device=c.device, )',
+        "integer ranks: factor / (rank + 1) is then computed in the default float32, the confidences' dtype"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_37": ('rank = torch.arange(1, c.shape[+1] + 1, device=c.device, dtype=c.dtype)',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_49": ('n = (c >= 1 - cfg.factor / (rank + 1)).long().cumprod(+1).sum(-1)',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_51": ('n = (c >= 1 - cfg.factor / (rank + 1)).long().cumprod(-1).sum(+1)',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_60": ('return torch.where(allowed.any(+1), n.clamp_min(1), torch.zeros_like(n))',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_parallel_count__mutmut_8": ('n = ((conf > cfg.threshold) & allowed).sum(+1)',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_rows_ended__mutmut_16": ('return eos[:, -1] & ~(eos & (part == mask_id)).any(+1)',
+        _AXIS_2D + " (B, n)"),
+    "diffusion_rl.sampling.sampler.x_rows_ended__mutmut_5": ('eos = (part == eos_id).long().cumsum(+1) > 0',
+        _AXIS_2D + " (B, n)"),
+    "diffusion_rl.sampling.sampler.x_top_k_per_row__mutmut_20": ('ranks = torch.empty_like(order).scatter_(+1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_top_k_per_row__mutmut_27": ('ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[+1], device=order.device).expand_as(order))',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_top_k_per_row__mutmut_8": ('order = confidence.argsort(dim=+1, descending=True, stable=True)',
+        _AXIS_2D + " (B, T)"),
+    "diffusion_rl.sampling.sampler.x_top_k_per_row__mutmut_5": ('order = confidence.argsort(descending=True, stable=True)',
+        "argsort's default dimension is the last"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁ__init____mutmut_18": ('self.token_logp = torch.zeros(batch, width, dtype=None, device=device)',
+        "no dtype: torch.zeros' default, float32, is the one given"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁ__init____mutmut_22": ('self.token_logp = torch.zeros(batch, width, device=device)',
+        "no dtype: torch.zeros' default, float32, is the one given"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁadd__mutmut_12": ('ent = -(logp.exp() * logp).sum(+1)',
+        _AXIS_2D + " (n, V)"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁadd__mutmut_24": ('self.count += commit.sum(+1)',
+        _AXIS_2D + " (B, R)"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁadd__mutmut_35": ('view[commit] = logp.gather(+1, cand[commit][:, None]).squeeze(-1)',
+        _AXIS_2D + " (n, V)"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁadd__mutmut_37": ('view[commit] = logp.gather(-1, cand[commit][:, None]).squeeze(+1)',
+        _AXIS_2D + " (n, 1)"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁadd__mutmut_6": ('logp = logits[commit].float().log_softmax(+1)',
+        _AXIS_2D + " (n, V)"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁedit__mutmut_11": ('view[edit] = logits[edit].float().log_softmax(+1).gather(-1, cand[edit][:, None]).squeeze(-1)',
+        _AXIS_2D + " (n, V)"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁedit__mutmut_13": ('view[edit] = logits[edit].float().log_softmax(-1).gather(+1, cand[edit][:, None]).squeeze(-1)',
+        _AXIS_2D + " (n, V)"),
+    "diffusion_rl.sampling.sampler.xǁCommitStatsǁedit__mutmut_15": ('view[edit] = logits[edit].float().log_softmax(-1).gather(-1, cand[edit][:, None]).squeeze(+1)',
+        _AXIS_2D + " (n, 1)"),
+    "diffusion_rl.sampling.sampler.xǁSamplerConfigǁvalidate__mutmut_17": ('num_blocks = self.gen_length / self.block_length',
+        "steps % a float count of blocks is 0 exactly when it is for the integer count"),
     # rl/objectives/losses.py
     "diffusion_rl.rl.objectives.losses.x_agg_loss__mutmut_20": (
         "mask.reshape(groups, -1), )", "the mode dropped is the default mode, seq-mean-token-mean"),
@@ -126,7 +215,7 @@ _DEVICE = re.compile(r",?\s*device=(None|[\w.]+(\[\d+\])?)")
 _EXPONENT = re.compile(r"\b\d+(\.\d*)?[eE][-+]?\d+\b")
 _FLOAT_WORD = re.compile(r'float\("([-+]?)(inf|nan)"\)', re.IGNORECASE)
 EQUIVALENT_KINDS: dict[str, tuple[Callable[[str], str], str]] = {
-    "device": (lambda line: re.sub(r",\s*\)", ")", _DEVICE.sub("", line)),
+    "device": (lambda line: re.sub(r"\(\s*,\s*", "(", re.sub(r",\s*\)", ")", _DEVICE.sub("", line))),
                "a device argument dropped or set to None: the tests run on the one device there is, the CPU "
                "(a GPU run would tell these apart; the tests that run there are the benchmarks')"),
     "float word": (lambda line: _FLOAT_WORD.sub(lambda m: f'float("{m[1]}{m[2].lower()}")', line),

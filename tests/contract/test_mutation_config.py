@@ -63,10 +63,10 @@ def test_not_mutated_lines_are_raises_and_warnings_only(mutate):
         return any(re.search(p, line) for p in mutate.NOT_MUTATED)
 
     assert skipped("        raise ConfigError(key, value, 'must be > 0')") and skipped("    raise")
-    assert skipped("    warnings.warn(f'{old} is deprecated')")
+    assert skipped("    warnings.warn(f'{old} is deprecated')") and skipped("    assert eos_id is not None, 'EOSER'")
     assert skipped("        log.warning('objective.eps=%g cannot act', eps)") and skipped("    log.info('x')")
     for kept in ("    if x < 1:", "    raised = a / b", "    return warnings_of(x)", "    y = x  # raise later",
-                 "    catalog.info(x)"):
+                 "    catalog.info(x)", "    asserted = x"):
         assert not skipped(kept)
 
 
@@ -79,6 +79,8 @@ def test_equivalent_kinds_hold_apart_only_what_they_name(mutate):
     assert mutate.equivalent_kind(diff(line, line.replace("device=x.device", "device=None"))) == "device"
     assert mutate.equivalent_kind(diff(line, line.replace(", device=x.device", ", "))) == "device"
     assert mutate.equivalent_kind(diff(line, line.replace("dtype=torch.bool", "dtype=None"))) is None
+    first = "    return canvas.to(device=like.device, dtype=like.dtype)"
+    assert mutate.equivalent_kind(diff(first, "    return canvas.to(dtype=like.dtype)")) == "device"
     inf = '    c = c.masked_fill(~ok, float("-inf"))'
     assert mutate.equivalent_kind(diff(inf, inf.replace("-inf", "-INF"))) == "float word"
     assert mutate.equivalent_kind(diff(inf, inf.replace("-inf", "+inf"))) is None

@@ -97,6 +97,18 @@ def test_a_recorder_sees_full_width_steps_with_a_cache():
     assert torch.allclose(per_step, rec.logps, atol=1e-5)
 
 
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_recorder_changes_no_sample_with_a_cache(cache):
+    """With a recorder the cached steps compute every position's logits (its full-width steps); the
+    sampler must still read the block's own: the same tokens and log-probs as without one."""
+    b, net = _model(2)
+    cfg = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.9, kv_cache=cache)
+    plain = _run(b, net, cfg)
+    recorded = _run(b, net, cfg, recorder=TrajectoryRecorder(b.mask_token_id))
+    assert torch.equal(recorded.completion, plain.completion)
+    assert torch.allclose(recorded.token_logp, plain.token_logp, atol=1e-6)
+
+
 def test_cache_support_is_checked_in_one_line():
     class NoCache(torch.nn.Module):
         pass

@@ -5,6 +5,7 @@ mask of a padded prompt, and the entropy, commit count and log-probability every
 
 import math
 
+import pytest
 import torch
 
 from diffusion_rl.sampling import RowNoise, SamplerConfig, generate
@@ -137,3 +138,98 @@ def test_commit_stats_accumulate_over_steps_at_their_offsets():
     assert stats.steps == 2
     stats.forward(7, passes=2)
     assert (stats.forwards, stats.forward_tokens) == (2, 14)
+
+
+def test_an_edit_replaces_the_log_prob_at_its_place_and_counts_per_row():
+    stats = CommitStats(2, 4, torch.device("cpu"))
+    stats.token_logp.fill_(-9.0)
+    logits = torch.log(torch.tensor([[[0.5, 0.5], [0.2, 0.8]], [[0.9, 0.1], [0.3, 0.7]]]))  # (B=2, R=2, V=2)
+    edit = torch.tensor([[False, True], [True, True]])
+    stats.edit(logits, edit, torch.tensor([[0, 1], [0, 0]]), offset=2)
+    expected = torch.tensor([[-9.0, -9.0, -9.0, math.log(0.8)], [-9.0, -9.0, math.log(0.9), math.log(0.3)]])
+    assert torch.allclose(stats.token_logp, expected)
+    assert stats.edited == pytest.approx(3 / 2)  # replacements per row
+    stats.edit(logits, torch.tensor([[True, False], [False, False]]), torch.zeros(2, 2, dtype=torch.long), offset=0)
+    assert stats.edited == pytest.approx(3 / 2 + 1 / 2)  # accumulated over the passes
+    out = stats.finish(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
+    assert out.edited == pytest.approx(2.0) and out.token_logp.shape == (2, 3)
+
+
+def test_fresh_commit_stats_and_their_defaults():
+    stats = CommitStats(3, 5, torch.device("cpu"))
+    out = stats.finish(torch.zeros(3, 5, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long))
+    assert (out.filled, out.edited, out.forwards, out.forward_tokens, out.steps) == (0.0, 0.0, 0, 0, 0)
+    assert out.num_committed.dtype == torch.long and out.token_logp.dtype == torch.float32
+    stats.forward(7)  # one pass unless told
+    assert (stats.forwards, stats.forward_tokens) == (1, 7)
+    logits = torch.zeros(3, 2, 4)
+    stats.add(logits, torch.tensor([[True, False]] * 3), torch.zeros(3, 2, dtype=torch.long))  # offset 0
+    assert torch.allclose(stats.token_logp[:, 0], torch.full((3,), math.log(0.25)))
+    assert (stats.token_logp[:, 1:] == 0).all()
+
+
+def test_gumbel_dtype_follows_the_config():
+    from diffusion_rl.sampling.sampler import gumbel_dtype
+
+    assert gumbel_dtype(SamplerConfig()) == torch.float64  # LLaDA's
+    assert gumbel_dtype(SamplerConfig(gumbel_dtype="float32")) == torch.float32
+
+
+def test_eos_factor_is_linear_over_the_steps_and_held_after_the_last():
+    from diffusion_rl.sampling.sampler import eos_factor
+
+    cfg = SamplerConfig(steps=5, eos_gamma_min=0.01, eos_gamma_max=1.0)
+    assert [eos_factor(cfg, s) for s in range(5)] == pytest.approx([0.01 + 0.99 * s / 4 for s in range(5)])
+    assert eos_factor(cfg, 9) == pytest.approx(1.0) and eos_factor(cfg, -3) == pytest.approx(0.01)
+    assert eos_factor(SamplerConfig(steps=1, eos_gamma_min=0.01, eos_gamma_max=0.5), 0) == 0.5
+
+
+def test_ass_steps_and_maskgit_counts_against_the_public_formulas():
+    from diffusion_rl.sampling.sampler import ass_steps, maskgit_transfer_tokens
+
+    assert [ass_steps(n) for n in (1, 2, 3, 8, 256, 257)] == [0, 1, 1, 3, 8, 8]  # int(log2 n)
+    for m, steps in ((10, 10), (7, 3), (29, 7), (256, 64)):
+        # get_num_transfer_tokens_maskgit, in Python floats (float64): committed by step t is m - floor(m * ratio_t)
+        done = [m - math.floor(m * max(1 - (t + 1) / steps, 1e-6)) for t in range(steps)]
+        expected = [done[0]] + [done[t] - done[t - 1] for t in range(1, steps)]
+        assert maskgit_transfer_tokens(torch.tensor([m]), steps)[0].tolist() == expected, (m, steps)
+
+
+def test_an_inactive_row_draws_no_noise_in_a_step():
+    from diffusion_rl.sampling.sampler import denoise_step
+
+    cfg = SamplerConfig(temperature=0.9)
+    noise = RowNoise([5, 9])
+    allowed = torch.tensor([[True, True, False], [False, False, False]])  # row 1 has nothing to commit
+    denoise_step(torch.zeros(2, 3, 4), allowed, torch.tensor([1, 0]), cfg, noise, torch.float64)
+    after = torch.rand(3, generator=noise.generators(torch.device("cpu"))[1], dtype=torch.float64)
+    assert torch.equal(after, torch.rand(3, generator=torch.Generator().manual_seed(9), dtype=torch.float64))
+
+
+def test_an_eos_in_the_prompt_does_not_end_a_row():
+    """A chat prompt holds the EOS token (``<|eot_id|>`` ends its turns): ``stop_after_eos`` reads the
+    completion only, also when a schedule continues in a later block."""
+    V, eos, m = 12, 11, 10
+
+    def fwd(ids, attn):
+        logits = torch.zeros(ids.shape[0], ids.shape[1], V)
+        logits[:, :, 7] = 5.0 + 0.01 * torch.arange(ids.shape[1])
+        logits[..., m] = -1e9
+        return logits
+
+    ids = torch.tensor([[eos, 3], [3, eos]])
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.0, stop_after_eos=True)
+    out = generate(fwd, ids, None, cfg, m, eos_id=eos)
+    assert (out.completion == 7).all() and out.filled == 0 and out.forwards == 4
+    part = generate(fwd, ids, None, cfg, m, eos_id=eos, stop_step=2)
+    rest = generate(fwd, ids, None, cfg, m, eos_id=eos, canvas=part.completion, start_step=2)
+    assert torch.equal(rest.completion, out.completion) and rest.forwards == 2
+
+
+def test_an_empty_batch_has_no_steps_and_fills_nothing():
+    M, E = 9, 8
+    empty = torch.zeros(0, 4, dtype=torch.long)
+    assert list(block_schedule(SamplerConfig(decode="threshold"), empty, M, 0)) == []
+    stats = CommitStats(0, 4, torch.device("cpu"))
+    fill_after(empty, torch.zeros(0, dtype=torch.long), E, M, stats, None)
+    assert stats.filled == 0.0

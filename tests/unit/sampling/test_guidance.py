@@ -35,8 +35,8 @@ def llada_guided(forward, x, attn, scale):
     return uncond + (scale + 1) * (cond - uncond)
 
 
-X = torch.tensor([[1, 2, 3, MASK, 4, MASK], [0, 5, 2, 1, MASK, MASK]])
-ATTN = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+X = torch.tensor([[1, 2, 3, MASK, 4, MASK], [0, 5, 2, 1, MASK, MASK], [4, 4, 0, MASK, MASK, 3]])
+ATTN = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
 
 
 @pytest.mark.parametrize("scale", [0.5, 2.0])
@@ -71,13 +71,14 @@ def test_generate_with_guidance_commits_the_argmax_of_the_guided_logits():
     prompt = X[:, :P]
     cfg = SamplerConfig(gen_length=3, block_length=3, steps=3, temperature=0.0, cfg_scale=1.5)
     out = generate(Forward(), prompt, None, cfg, MASK)
-    x = torch.cat([prompt, torch.full((2, 3), MASK)], 1)
+    B = prompt.shape[0]
+    x = torch.cat([prompt, torch.full((B, 3), MASK)], 1)
     for _ in range(3):
         probs = torch.softmax(llada_guided(Forward(), x, None, 1.5)[:, P:], -1)  # (B, 3, V)
         conf, tok = probs.max(-1)
         conf = conf.masked_fill(x[:, P:] != MASK, -1.0)
         at = conf.argmax(-1)
-        x[torch.arange(2), P + at] = tok[torch.arange(2), at]
+        x[torch.arange(B), P + at] = tok[torch.arange(B), at]
     assert torch.equal(out.completion, x[:, P:])
     plain = generate(Forward(), prompt, None, SamplerConfig(gen_length=3, block_length=3, steps=3, temperature=0.0), MASK)
     assert not torch.equal(plain.completion, out.completion)  # the guidance changed what was committed

@@ -118,3 +118,10 @@ def test_the_start_canvas_is_all_masked_or_the_given_one_in_the_prompt_s_dtype()
     assert out.dtype == torch.int32 and out.tolist() == given.tolist()
     with pytest.raises(ValueError, match=r"canvas \(2, 3\) must cover the completion \(2, 4\)"):
         start_canvas(given[:, :3], 2, 4, 9, like)
+
+
+def test_the_uniform_sampler_s_errors_name_its_keys_under_the_prefix():
+    from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig
+
+    with pytest.raises(ConfigError, match=r"^eval\.sampler\.uniform\.steps\b"):
+        SamplerConfig(uniform=EntropyBoundConfig(steps=0)).validate("eval.sampler")
