@@ -87,6 +87,7 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_38": (
         "torch.arange(T - 1, -1, -1, device=r.device, )",
         "integer counts: dividing the float rewards by them gives the same floats, and count > 0 reads the same"),
+    "diffusion_rl.rl.advantages.xǁMDPOAdvantageǁ__call____mutmut_45": ("r.amax(+1) - r[:, -1]", _AXIS_2D + " (N, T)"),
     "diffusion_rl.rl.advantages.x_zscores__mutmut_44": (
         "centred / torch.where(flat, 2.0, std)",
         "the divisor of a flat group, whose quotient the outer where(flat, 0.0, ...) discards"),
