@@ -75,6 +75,8 @@ _RAND_OUT = "torch.rand with out=: the out tensor's dtype is the draw's"
 _CPU = "no device given: the tensors are made on the one device the tests have, the CPU"
 _NONE_FALSE = "read as a truth value only: None and False alike"
 _BLOCK_END = "at a block end the completion up to it is committed: no mask is left to compare with"
+_SELECT = ("every position scored instead of the masked ones only: the same log-probs where they are read (masked "
+           "positions), a cost only")
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -202,6 +204,15 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.elbo.xǁELBOConfigǁvalidate__mutmut_26": (
         "math.isclose(self.t_min + self.t_max, 1.0, )",
         "next to 1.0 math.isclose's default rel_tol=1e-9 is the abs_tol=1e-9 it replaces"),
+    "diffusion_rl.likelihood.elbo.x_eubo_from_logps__mutmut_42": ("per_tok.sum(+1) /", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.elbo.x_eubo_from_logps__mutmut_46": ("hit.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_75": (
+        "torch.full_like(pos, -2)", "a row's largest scored position is >= 0: -1 and -2 for the others lose alike"),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_76": (".amax(+1) // c.block_length", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_82": (
+        "clamp(max=n_blocks + 1)", "u < 1, so floor(u * n_blocks) <= n_blocks - 1 already: neither clamp acts"),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁsample__mutmut_71": ("select=None).view(K, B, L)", _SELECT),
+    "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁsample__mutmut_77": (").view(K, B, L)", _SELECT),
     "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_5": ("dev = None", _CPU),
     "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_22": ("2 + P + L, None)[0]", _CPU),
     "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_25": ("2 + P + L, )[0]", _CPU),

@@ -367,3 +367,56 @@ def test_sampler_units_of_a_one_token_completion():
     logp = torch.tensor([[-0.5], [-2.0]])  # (B, L=1)
     est = ELBOEstimator(ELBOConfig(weighting="inverse_t", t_min=0.001), MASK)
     assert torch.allclose(est.sampler_units(logp, torch.ones(2, 1)), torch.tensor([-0.5, -2.0]))
+
+
+def test_inverse_t_is_the_default_weighting_and_the_estimator_carries_t_to_it(tiny_bundle):
+    logps = torch.tensor([[[-1.0, -2.0]]])
+    masked = torch.tensor([[[True, True]]])
+    t = torch.tensor([[0.5]])
+    assert elbo_from_logps(logps, masked, t).item() == pytest.approx(-6.0)  # (-1 - 2) / 0.5
+    prompt, pmask, comp, cmask = make_batch(tiny_bundle)
+    net = tiny_bundle.net.eval()
+    est = ELBOEstimator(ELBOConfig(num_samples=2, weighting="inverse_t", t_min=0.2), tiny_bundle.mask_token_id)
+    with torch.no_grad():
+        s = est.sample(logits_fn(net), prompt, pmask, comp, cmask, SEEDS)
+        direct = est(logits_fn(net), prompt, pmask, comp, cmask, SEEDS)
+    assert torch.allclose(direct, elbo_from_logps(s.token_logps, s.masked, s.t, "inverse_t"))
+    assert torch.allclose(est.reduce(s), direct)
+
+
+def test_block_random_edges_one_scored_token_and_blocks_of_one(tiny_bundle):
+    _, pmask, _, cmask = make_batch(tiny_bundle)
+    cmask = cmask.clone()
+    cmask[4, 1:] = 0  # one scored token, at position 0: one block, t = 1
+    for bl in (1, 3):
+        cfg = ELBOConfig(schedule="block_random", block_length=bl, num_samples=3)
+        _, masked, t, _ = ELBOEstimator(cfg, MASK).draw(SEEDS, pmask, cmask)
+        _, masks, ts = literal_draw(cfg, SEEDS, pmask, cmask)
+        assert torch.equal(masked, as_kbl(masks, 3, len(SEEDS))) and torch.allclose(t, torch.tensor(ts).view(3, -1))
+        assert torch.equal(t[:, 4], torch.ones(3))
+
+
+def test_antithetic_pairs_of_two_scored_tokens_move_one_into_the_complement(tiny_bundle):
+    _, pmask, _, cmask = make_batch(tiny_bundle)
+    cmask = cmask.clone()
+    cmask[5, 2:] = 0  # exactly two scored tokens
+    from diffusion_rl.likelihood.base import rand_rows
+
+    cfg = ELBOConfig(num_samples=2, antithetic=True, t_min=1e-4, t_max=1 - 1e-4)
+    P, both = pmask.shape[1], 0
+    for s in range(30):  # row 5's seed varies: some draws mask both tokens, and one must move
+        seeds = SEEDS[:5] + [1000 + s] + SEEDS[6:]
+        _, masked, _, _ = ELBOEstimator(cfg, MASK).draw(seeds, pmask, cmask)
+        _, masks, _ = literal_draw(cfg, seeds, pmask, cmask)
+        expected = torch.tensor([[masks[b][h] for b in range(len(SEEDS))] for h in range(2)])
+        assert torch.equal(masked, expected)
+        assert masked[0, 5].sum() == 1 and masked[1, 5].sum() == 1  # one each: exact complements
+        u = rand_rows([1000 + s], 2 + P + cmask.shape[1])[0, 0]
+        t = cfg.t_min + (cfg.t_max - cfg.t_min) * u[0]
+        both += bool((u[2 + P:2 + P + 2] < t).all())
+    assert both > 0
+
+
+def test_monte_carlo_config_errors_are_anchored_on_their_key():
+    with pytest.raises(ConfigError, match=r"^likelihood\.weighting\b"):
+        ELBOConfig(weighting="sum").validate()
