@@ -67,6 +67,9 @@ def test_clipped_surrogate_hand_computed_and_the_units_it_holds():
     one = torch.zeros(1, 2)
     _, low, high = clipped_surrogate(one, torch.tensor([[-1.0, 1.0]]), 0.0, 0.0)
     assert not low.any() and not high.any()
+    # beyond the band with A = 0: no gradient to hold
+    _, low, high = clipped_surrogate(torch.tensor([[0.5, 2.0]]).log(), torch.zeros(1, 2), 0.2, 0.2)
+    assert not low.any() and not high.any()
 
 
 def test_per_sample_advantages_pass_and_per_unit_ones_are_refused():
