@@ -441,3 +441,110 @@ def test_gradient_fidelity_report_says_whether_the_bound_held():
     assert "closest in 1 of 2 seeds" in text
     assert mod.answer([seed(entropy=0.5, random=0.9, uniform=0.7, low_entropy=0.1)]).startswith(
         "The prediction did not hold")
+
+
+# ---- the objective's metrics, scale and options, hand-computed from its own rollout ----------------
+def _egspo(**kw):
+    lik = OneStepEstimator(LikelihoodConfig(), 99)
+    return EGSPO(EGSPOConfig(**kw), lik)
+
+
+def test_egspo_config_edges():
+    for ok in (dict(K=1), dict(K=4, steps_per_update=4), dict(K=4, steps_per_update=0)):
+        EGSPOConfig(**ok).validate()
+    for bad, key in ((dict(K=0), "K"), (dict(K=4, steps_per_update=5), "steps_per_update"),
+                     (dict(select="best"), "select"), (dict(reduce="max"), "reduce"), (dict(old_logp="cached"), "old_logp")):
+        with pytest.raises(ConfigError, match=rf"^objective\.{key}\b"):
+            EGSPOConfig(**bad).validate()
+
+
+def test_the_old_policy_is_scored_as_the_policy_only_when_recomputed():
+    assert _egspo(old_logp="recompute").old_logp_like_policy()
+    assert not _egspo(old_logp="recorded").old_logp_like_policy()
+    assert not _egspo(old_logp="recompute", share_masks_with_old=False).old_logp_like_policy()
+
+
+def test_selection_metrics_hand_computed(tiny_bundle):
+    obj = EGSPO(EGSPOConfig(K=3, mu=1, stop_at_last_content=True), OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id))
+    ro = _rollout_of(tiny_bundle, obj, "group")
+    traj, steps, m = ro.trajectory, ro.selected_steps, ro.metrics
+    ent, valid = traj.entropies, steps >= 0
+    picked = [float(ent[b, s]) for b in range(steps.shape[0]) for s in steps[b].tolist() if s >= 0]
+    assert m["egspo/selected_entropy"] == pytest.approx(sum(picked) / len(picked), rel=1e-5)
+    assert m["egspo/step_entropy"] == pytest.approx(float(ent.mean()), rel=1e-5)
+    assert m["egspo/selected_step_mean"] == pytest.approx(float(steps[valid].float().mean()), rel=1e-6)
+    assert m["egspo/valid_frac"] == pytest.approx(float(valid.float().mean()))
+    assert m["egspo/trajectory_bytes_per_sample"] == pytest.approx(traj.nbytes() / steps.shape[0])
+
+
+def test_random_selection_is_keyed_by_the_run_and_the_rollout():
+    class Traj:  # what select_steps reads of a trajectory
+        num_steps, variable_steps = 16, False
+        counts = torch.ones(6, 16, dtype=torch.long)
+        entropies = torch.rand(6, 16, generator=torch.Generator().manual_seed(0))
+
+        def nbytes(self):
+            return 0
+
+    obj = _egspo(K=4, select="random")
+    pick = lambda rollout, run: obj.select_steps(Traj(), torch.zeros(6, 8, dtype=torch.long), torch.ones(6, 8), 1,  # noqa: E731
+                                                 rollout, run)[0]
+    assert torch.equal(pick(3, 7), pick(3, 7))
+    assert not torch.equal(pick(3, 7), pick(4, 7)) and not torch.equal(pick(3, 7), pick(3, 8))
+
+
+def test_update_metrics_and_the_per_token_scale_of_summed_step_log_probs(tiny_bundle):
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    obj = EGSPO(EGSPOConfig(K=4, mu=2, old_logp="recompute"), lik)
+    ro = _rollout_of(tiny_bundle, obj, "group")  # gen_length 8 over 4 steps: 2 tokens per step
+    ctx = _ctx(tiny_bundle, ro)
+    ctx.inner_iter = 1
+    loss, m = obj.loss(ctx)
+    steps = ro.selected_steps[:, 2:4]
+    valid = steps >= 0
+    N = steps.shape[0]
+    assert m["egspo/slice_start"].item() == 2 and m["egspo/slice_size"].item() == 2
+    assert m["egspo/step_mean"].item() == pytest.approx(float(steps[valid].float().mean()))
+    assert m["egspo/adv_abs_mean"].item() == pytest.approx(float(ro.advantages.abs()[:, None].expand(-1, 2)[valid].mean()))
+    assert m["cost/gen_forwards_per_sample"].item() == pytest.approx(4 / 2)
+    assert m["cost/train_forwards_per_sample"].item() == pytest.approx(float(valid.sum()) / N)
+    unscaled, _ = EGSPO(EGSPOConfig(K=4, mu=2, old_logp="recompute", step_token_norm=False), lik).loss(ctx)
+    assert unscaled.item() != 0 and loss.item() == pytest.approx(unscaled.item() / 2)
+    mean, _ = EGSPO(EGSPOConfig(K=4, mu=2, old_logp="recompute", reduce="mean"), lik).loss(ctx)
+    mean_unnormed, _ = EGSPO(EGSPOConfig(K=4, mu=2, old_logp="recompute", reduce="mean", step_token_norm=False),
+                             lik).loss(ctx)
+    assert mean.item() == pytest.approx(mean_unnormed.item())  # a mean per step is already per token
+
+
+def test_only_the_tokens_the_reward_reads_count_in_a_step(tiny_bundle):
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    obj = EGSPO(EGSPOConfig(K=4, mu=1, old_logp="recompute"), lik)
+    ro = _rollout_of(tiny_bundle, obj, "group")
+    f = logits_fn(tiny_bundle.net.eval())
+    with torch.no_grad():
+        full = obj.logp_units(_ctx(tiny_bundle, ro), f, "policy").logp
+        ro.loss_mask = torch.zeros_like(ro.completion_mask)
+        ro.loss_mask[:, :3] = 1  # the reward reads the first three completion tokens
+        part = EGSPO(obj.cfg, lik).logp_units(_ctx(tiny_bundle, ro), f, "policy").logp
+        traj, steps = ro.trajectory, ro.selected_steps
+        states, committed = traj.states_at(steps.clamp_min(0))
+        P = ro.prompt_ids.shape[1]
+        keep = torch.cat([torch.ones_like(ro.prompt_mask), ro.loss_mask.long()], 1).bool().repeat_interleave(4, 0)
+        attn = torch.cat([ro.prompt_mask.long(), torch.ones_like(ro.completion_ids)], 1).repeat_interleave(4, 0)
+        want = stepwise_logps(f, states, attn, committed & keep, traj.final.repeat_interleave(4, 0)).view(-1, 4)
+    assert not torch.allclose(full, part)
+    assert torch.allclose(part, want * (steps >= 0), atol=1e-5)
+    assert bool((committed[:, P + 3:] & ~keep[:, P + 3:]).any())  # steps did commit tokens the reward ignores
+
+
+def test_recorded_old_log_probs_with_one_token_per_step_and_mean_reduce(tiny_bundle):
+    lik = OneStepEstimator(LikelihoodConfig(), tiny_bundle.mask_token_id)
+    res = {}
+    for mode in ("recompute", "recorded"):
+        obj = EGSPO(EGSPOConfig(K=4, mu=1, old_logp=mode, reduce="mean"), lik)
+        ro = _rollout_of(tiny_bundle, obj, "group", steps=8)  # one token per step
+        ctx = _ctx(tiny_bundle, ro)
+        with torch.no_grad():
+            res[mode] = obj.logp_units(ctx, logits_fn(tiny_bundle.net.eval()), "old")
+    assert torch.allclose(res["recorded"].logp, res["recompute"].logp, atol=1e-5)
+    assert torch.equal(res["recorded"].mask, res["recompute"].mask)
