@@ -199,6 +199,12 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "torch.zeros_like(log_ratio, )", "zeros of another dtype, read as .float() below: the same zeros"),
     "diffusion_rl.rl.objectives.losses.x_ratio_metrics__mutmut_15": (
         "log_ratio.new_zeros(2)", "no unit counts: one zero or two give the same mean, std (0), min and max"),
+    # rl/objectives/stabledrl.py
+    "diffusion_rl.rl.objectives.stabledrl.x_group_weights__mutmut_51": (
+        "softmax(lt, -1).nan_to_num(None)", "nan_to_num's default replaces NaN by 0.0, the value given"),
+    "diffusion_rl.rl.objectives.stabledrl.x_group_weights__mutmut_56": ("softmax(lt, +1)", _AXIS_2D + " (N/G, G)"),
+    "diffusion_rl.rl.objectives.stabledrl.x_stabledrl_loss__mutmut_51": ("surr.reshape(-1, G)).sum(+1)", _AXIS_2D + " (N/G, G)"),
+    "diffusion_rl.rl.objectives.stabledrl.x_stabledrl_loss__mutmut_81": ("w_norm.pow(2).sum(+1)", _AXIS_2D + " (N/G, G)"),
     # likelihood/elbo.py
     "diffusion_rl.likelihood.elbo.x_sample_seeds__mutmut_10": (
         "[mix_seed(s, k) for s in seeds]",
