@@ -548,3 +548,47 @@ def test_recorded_old_log_probs_with_one_token_per_step_and_mean_reduce(tiny_bun
             res[mode] = obj.logp_units(ctx, logits_fn(tiny_bundle.net.eval()), "old")
     assert torch.allclose(res["recorded"].logp, res["recompute"].logp, atol=1e-5)
     assert torch.equal(res["recorded"].mask, res["recompute"].mask)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_uniform_noise_steps_replay_to_the_samplers_log_probs(reduce):
+    """A uniform-noise trajectory (DiffusionGemma): each selected step's log-prob is its accepted tokens'
+    log-probs as the sampler drew them, summed or averaged over the tokens, over those the reward reads
+    when a loss mask is set."""
+    from diffusion_rl.likelihood.trajectory import TrajectoryEstimator, TrajectoryLikelihoodConfig
+    from diffusion_rl.sampling import sample
+    from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig
+    from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
+    from tests.helpers.common import rollout_of
+    from tests.helpers.gemma import sharp_gemma
+
+    b = sharp_gemma()
+    ids = torch.randint(4, 100, (4, 5), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    traj = UniformTrajectory()
+    eb = EntropyBoundConfig(steps=5, entropy_bound=1.0, confidence_threshold=0.5)
+    comp = sample(b, ids, mask, SamplerConfig(gen_length=16, uniform=eb), RowNoise([1, 2, 3, 4]), traj).completion
+    obj = EGSPO(EGSPOConfig(K=3, mu=1, reduce=reduce, old_logp="recompute"),
+                TrajectoryEstimator(TrajectoryLikelihoodConfig(), -1))
+    cmask = torch.ones_like(comp, dtype=torch.float)
+    steps, _ = obj.select_steps(traj, comp, cmask, b.eos_token_id, 0, 0)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    f = logits_fn(b.net)
+    pos, lp = traj.positions(16), traj.position_logps(16)  # (B, T, L) each
+    for loss_mask in (None, (torch.arange(16) < 6).float().expand(4, -1)):
+        ro = rollout_of(ids, mask, comp, cmask, adv, adv, 4, trajectory=traj, selected_steps=steps, loss_mask=loss_mask)
+        with torch.no_grad():
+            units = obj.logp_units(StepContext(ro, 0, 0, f, f, None), f, "policy")
+        keep = torch.ones(4, 16, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+        for r in range(4):
+            for k in range(3):
+                s = int(steps[r, k])
+                if s < 0:
+                    assert units.mask[r, k] == 0
+                    continue
+                hit = pos[r, s] & keep[r]
+                want = lp[r, s][hit].sum()
+                if reduce == "mean":
+                    want = want / max(int(hit.sum()), 1)
+                assert units.logp[r, k].item() == pytest.approx(want.item(), abs=1e-4), (r, k, loss_mask is None)
+    assert (steps >= 0).all()
