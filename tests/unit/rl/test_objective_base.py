@@ -128,3 +128,18 @@ def test_the_loss_is_the_sum_of_its_parts(tiny_bundle):
     parts = list(obj.loss_parts(_ctx(ro, 0, f)))
     whole, metrics = obj.loss(_ctx(ro, 0, f))
     assert len(parts) == 1 and torch.allclose(parts[0][0], whole) and set(parts[0][1]) == set(metrics)
+
+
+def test_the_first_update_after_a_rollout_takes_the_old_units_from_the_policy_s_own_forward(tiny_bundle):
+    """While the policy holds the old weights and is scored like the old policy, no old forward runs."""
+    ro = _rollout(tiny_bundle)
+    f = logits_fn(tiny_bundle.net.eval())
+
+    def no_old_forward(ids, attn):
+        raise AssertionError("the old policy was run")
+
+    obj = _grpo(tiny_bundle, share_masks_with_old=True)
+    loss, m = obj.loss(StepContext(ro, 0, RUN, f, no_old_forward, None, policy_is_old=True))
+    assert m["ratio/log_max"].item() == 0.0 and m["ratio/log_min"].item() == 0.0
+    with pytest.raises(AssertionError, match="the old policy was run"):  # a later update reads the old policy
+        obj.loss(StepContext(ro, 1, RUN, f, no_old_forward, None, policy_is_old=False))
