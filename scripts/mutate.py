@@ -7,6 +7,7 @@ own area, ``tests/unit/<area>``; a mutant no test notices is a wrong formula the
     python scripts/mutate.py all                                 # every module of --list, one after another
     python scripts/mutate.py --list                              # the modules and the tests each runs against
     python scripts/mutate.py rl/advantages.py --dry-run          # the folder, config and command; runs nothing
+    python scripts/mutate.py rl/advantages.py --rescore          # the last run scored with today's equivalents
     nice -n 19 python scripts/mutate.py all --max-children 1     # on a machine shared with a training run
 
 Each module runs in a fresh folder ``.mutation/<module>/`` (git ignores it): links to ``src``, ``tests``
@@ -398,11 +399,28 @@ def run(module: str, max_children: int) -> Score:
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
         raise SystemExit(f"{module}: mutmut failed ({done.returncode}); {folder / 'mutmut.log'}:\n{tail}")
-    score = tally(module, folder, seconds)
-    score.commit = commit
+    (folder / "run.json").write_text(json.dumps({"commit": commit, "seconds": seconds}))
+    return scored(module, folder)
+
+
+def scored(module: str, folder: Path) -> Score:
+    """The score of a module's finished run in ``folder`` with the equivalents as listed now, and its
+    survivors' diffs written to ``survivors.txt``."""
+    run_info = json.loads((folder / "run.json").read_text())
+    score = tally(module, folder, run_info["seconds"])
+    score.commit = run_info["commit"]
     diffs = [f"# {name}\n{score.diffs.get(name) or show(folder, name)}" for name in score.survived + score.no_tests]
     (folder / "survivors.txt").write_text("\n".join(diffs))
     return score
+
+
+def rescore(module: str) -> Score:
+    """:func:`scored` for the last run of ``module`` (``--rescore``: after listing an equivalent mutant,
+    without running the mutants again; the score still names the commit the mutants ran at)."""
+    folder = WORK / slug(module)
+    if not (folder / "run.json").exists():
+        raise SystemExit(f"{module}: no finished run in {folder}; run it first: python scripts/mutate.py {module}")
+    return scored(module, folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -410,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", help="paths under src/diffusion_rl (rl/advantages.py), or all")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
     parser.add_argument("--dry-run", action="store_true", help="prepare the folders and print the commands only")
+    parser.add_argument("--rescore", action="store_true",
+                        help="score the last run of each module again with the equivalents listed now; runs no mutant")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1,
                         help="mutants tested at once (default: the number of CPUs)")
     args = parser.parse_args(argv)
@@ -429,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {m}: in {folder}\n{mutmut_table(m)}$ {' '.join(command(args.max_children))}\n")
             continue
         try:
-            score = run(m, args.max_children)
+            score = rescore(m) if args.rescore else run(m, args.max_children)
         except SystemExit as failed:  # one module's failure (its log names why) does not stop the others
             print(failed, flush=True)
             continue

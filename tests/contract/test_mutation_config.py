@@ -104,3 +104,9 @@ def test_an_unknown_module_is_refused_with_the_list(mutate, capsys):
     with pytest.raises(SystemExit):
         mutate.main(["rl/no_such.py"])
     assert "rl/advantages.py" in capsys.readouterr().err
+
+
+def test_rescore_needs_a_finished_run(mutate, tmp_path, monkeypatch):
+    monkeypatch.setattr(mutate, "WORK", tmp_path)
+    with pytest.raises(SystemExit, match="no finished run .* run it first: python scripts/mutate.py rl/advantages.py"):
+        mutate.rescore("rl/advantages.py")
