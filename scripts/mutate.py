@@ -80,6 +80,8 @@ _NONE_FALSE = "read as a truth value only: None and False alike"
 _BLOCK_END = "at a block end the completion up to it is committed: no mask is left to compare with"
 _SELECT = ("every position scored instead of the masked ones only: the same log-probs where they are read (masked "
            "positions), a cost only")
+_GATHER = "one process: gather is the identity, of None too (the data-parallel runs are tests/e2e's)"
+_NOT_IGNORED = "the KL covers the completion for every value but ignored"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -200,6 +202,23 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "torch.zeros_like(log_ratio, )", "zeros of another dtype, read as .float() below: the same zeros"),
     "diffusion_rl.rl.objectives.losses.x_ratio_metrics__mutmut_15": (
         "log_ratio.new_zeros(2)", "no unit counts: one zero or two give the same mean, std (0), min and max"),
+    # rl/objectives/base.py
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁloss__mutmut_34": ("and False else g(s.surrogate)", _GATHER),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁloss__mutmut_39": ("old = None if (old is None) and False else g(old)", _GATHER),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁloss__mutmut_65": ("None if (q is None) and False else g(q)", _GATHER),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁloss__mutmut_48": (
+        "q = None if (old is None) and False else self.sampler_units(ctx)",
+        "without old units the behaviour correction reads no sampler units: computed, then unused"),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁmask_seeds__mutmut_26": (
+        "it - (_FRESH_MASKS if fresh else 0)", "fresh masks need a stream apart from the shared ones: either sign gives one"),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁprecompute_old_logp__mutmut_8": (
+        "self.old_logp_iter(None) not in", "a check that only skips recomputing an iteration already taken: the same values"),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁselect_steps__mutmut_3": ('"needs_trajectory", None)', _NONE_FALSE),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁtoken_logp__mutmut_11": ('"needs_trajectory", None) else {}', _NONE_FALSE),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁtoken_logp__mutmut_1": ('kl_tokens: str = "XXcompletionXX"', _NOT_IGNORED),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁtoken_logp__mutmut_2": ('kl_tokens: str = "COMPLETION"', _NOT_IGNORED),
+    "diffusion_rl.rl.objectives.base.xǁObjectiveǁtoken_logp__mutmut_58": (
+        "(~ro.pinned).to(None)", "a float mask times a bool one is the same float mask"),
     # rl/objectives/stabledrl.py
     "diffusion_rl.rl.objectives.stabledrl.x_group_weights__mutmut_51": (
         "softmax(lt, -1).nan_to_num(None)", "nan_to_num's default replaces NaN by 0.0, the value given"),

@@ -143,3 +143,28 @@ def test_the_first_update_after_a_rollout_takes_the_old_units_from_the_policy_s_
     assert m["ratio/log_max"].item() == 0.0 and m["ratio/log_min"].item() == 0.0
     with pytest.raises(AssertionError, match="the old policy was run"):  # a later update reads the old policy
         obj.loss(StepContext(ro, 1, RUN, f, no_old_forward, None, policy_is_old=False))
+
+
+def test_a_trajectory_likelihood_gets_the_rollout_s_trajectory():
+    """GRPO on DiffusionGemma's trajectory likelihood: one unit per sequence, the log-probs of every
+    accepted token as the sampler drew them."""
+    from diffusion_rl.likelihood.trajectory import TrajectoryEstimator, TrajectoryLikelihoodConfig
+    from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
+    from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig
+    from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
+    from tests.helpers.gemma import sharp_gemma
+
+    b = sharp_gemma()
+    ids = torch.randint(4, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    traj = UniformTrajectory()
+    eb = EntropyBoundConfig(steps=5, entropy_bound=1.0, confidence_threshold=0.5)
+    comp = sample(b, ids, mask, SamplerConfig(gen_length=16, uniform=eb), RowNoise([1, 2]), traj).completion
+    adv = torch.tensor([1.0, -1.0])
+    ro = rollout_of(ids, mask, comp, torch.ones_like(comp, dtype=torch.float), adv, adv, 2, trajectory=traj)
+    obj = GRPO(GRPOConfig(), TrajectoryEstimator(TrajectoryLikelihoodConfig(), -1))
+    f = logits_fn(b.net)
+    with torch.no_grad():
+        units = obj.token_logp(_ctx(ro, 0, f), f, "policy")
+    assert units.logp.shape == (2, 1) and torch.equal(units.mask, torch.ones(2, 1))
+    assert torch.allclose(units.logp[:, 0], traj.logps.sum(-1), atol=1e-3)
