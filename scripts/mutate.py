@@ -82,6 +82,8 @@ _SELECT = ("every position scored instead of the masked ones only: the same log-
            "positions), a cost only")
 _GATHER = "one process: gather is the identity, of None too (the data-parallel runs are tests/e2e's)"
 _NOT_IGNORED = "the KL covers the completion for every value but ignored"
+_NOT_KEPT = "the batch kept for the update is built again at each call: the same batch, a cost only"
+_SALT = "another salt or none: a stream as independent of the others; a test could only restate the constant"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -219,6 +221,19 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.base.xǁObjectiveǁtoken_logp__mutmut_2": ('kl_tokens: str = "COMPLETION"', _NOT_IGNORED),
     "diffusion_rl.rl.objectives.base.xǁObjectiveǁtoken_logp__mutmut_58": (
         "(~ro.pinned).to(None)", "a float mask times a bool one is the same float mask"),
+    # rl/objectives/egspo.py
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_batch__mutmut_107": ('plan.batch = StepBatch(None, slots, steps, valid, rows, run)', _NOT_KEPT),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_batch__mutmut_26": ('plan.batch = StepBatch(None, slots, steps, valid, rows, self._uniform_run', _NOT_KEPT),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_batch__mutmut_55": ('ro.loss_mask.to(None)], 1).bool()', "the mask is read as .bool() after the concatenation: any dtype gives the same"),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_batch__mutmut_72": ('if not bool(None):', "an all-ones attention mask where there is no padding: the same logits as none"),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_recorded__mutmut_23": ('traj.counts.gather(1, steps.clamp_min(1))', "only unused slots (-1) read another step's count, and the mask drops them"),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_recorded__mutmut_25": ('return rec[:, slots].to(None)', _CPU),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_uniform_run__mutmut_31": ('vals = tok.sum(+1)', _AXIS_2D + " (n, L)"),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_uniform_run__mutmut_37": ('tok.shape[1]).to(None)[sample, step]', _CPU),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁ_uniform_run__mutmut_51": ('hit & keep).sum(+1).clamp_min(1)', _AXIS_2D + " (n, L)"),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁselect_steps__mutmut_29": ('mix_seed(run_seed, rollout_id, ))', _SALT),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁselect_steps__mutmut_30": ('mix_seed(run_seed, rollout_id, 3686)', _SALT),
+    "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁselect_steps__mutmut_33": ('(entropies, c.K, cand, gen).to(None)', _CPU),
     # rl/objectives/stabledrl.py
     "diffusion_rl.rl.objectives.stabledrl.x_group_weights__mutmut_51": (
         "softmax(lt, -1).nan_to_num(None)", "nan_to_num's default replaces NaN by 0.0, the value given"),

@@ -548,6 +548,12 @@ def test_recorded_old_log_probs_with_one_token_per_step_and_mean_reduce(tiny_bun
             res[mode] = obj.logp_units(ctx, logits_fn(tiny_bundle.net.eval()), "old")
     assert torch.allclose(res["recorded"].logp, res["recompute"].logp, atol=1e-5)
     assert torch.equal(res["recorded"].mask, res["recompute"].mask)
+    # one token per step: summed step log-probs are already per token, step_token_norm divides by 1
+    obj = EGSPO(EGSPOConfig(K=4, mu=1, old_logp="recompute"), lik)
+    ctx = _ctx(tiny_bundle, _rollout_of(tiny_bundle, obj, "group", steps=8))
+    normed, _ = obj.loss(ctx)
+    plain, _ = EGSPO(EGSPOConfig(K=4, mu=1, old_logp="recompute", step_token_norm=False), lik).loss(ctx)
+    assert normed.item() == pytest.approx(plain.item()) and plain.item() != 0
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
@@ -591,4 +597,8 @@ def test_uniform_noise_steps_replay_to_the_samplers_log_probs(reduce):
                 if reduce == "mean":
                     want = want / max(int(hit.sum()), 1)
                 assert units.logp[r, k].item() == pytest.approx(want.item(), abs=1e-4), (r, k, loss_mask is None)
+        loss, m = obj.loss(StepContext(ro, 0, 0, f, f, None))  # at theta_old every step ratio is 1
+        assert torch.isfinite(loss) and abs(m["ratio/log_max"].item()) < 1e-4
+        assert m["egspo/slice_size"].item() == 3 and m["egspo/step_mean"].item() == pytest.approx(float(steps.float().mean()))
+        assert m["cost/train_forwards_per_sample"].item() == 3
     assert (steps >= 0).all()
