@@ -84,6 +84,7 @@ _GATHER = "one process: gather is the identity, of None too (the data-parallel r
 _NOT_IGNORED = "the KL covers the completion for every value but ignored"
 _NOT_KEPT = "the batch kept for the update is built again at each call: the same batch, a cost only"
 _SALT = "another salt or none: a stream as independent of the others; a test could only restate the constant"
+_INT_FILL = "torch.full infers int64 from an integer fill: the long dtype given"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -234,6 +235,16 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁselect_steps__mutmut_29": ('mix_seed(run_seed, rollout_id, ))', _SALT),
     "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁselect_steps__mutmut_30": ('mix_seed(run_seed, rollout_id, 3686)', _SALT),
     "diffusion_rl.rl.objectives.egspo.xǁEGSPOǁselect_steps__mutmut_33": ('(entropies, c.K, cand, gen).to(None)', _CPU),
+    # rl/objectives/selectors.py
+    "diffusion_rl.rl.objectives.selectors.x__per_row__mutmut_9": ('out = torch.full((cand.shape[0], K), -1, dtype=None', _INT_FILL),
+    "diffusion_rl.rl.objectives.selectors.x__per_row__mutmut_13": ('out = torch.full((cand.shape[0], K), -1, device=entropies.device)', _INT_FILL),
+    "diffusion_rl.rl.objectives.selectors.x__per_row__mutmut_25": ('row = steps if steps.numel() < K else pick(steps)', "with exactly K candidates both pickers return all of them"),
+    "diffusion_rl.rl.objectives.selectors.x_steps_up_to__mutmut_14": ('torch.full_like(last, num_steps + 1)', "any bound at or past the last step keeps every step"),
+    "diffusion_rl.rl.objectives.selectors.x_top_k_steps__mutmut_26": ('masked.argsort(descending=not lowest, stable=True)', "argsort's default dimension is the last"),
+    "diffusion_rl.rl.objectives.selectors.x_top_k_steps__mutmut_29": ('masked.argsort(dim=+1,', _AXIS_2D + " (B, T)"),
+    "diffusion_rl.rl.objectives.selectors.x_top_k_steps__mutmut_38": ('ok = cand.gather(+1, order)', _AXIS_2D + " (B, T)"),
+    "diffusion_rl.rl.objectives.selectors.x_top_k_steps__mutmut_43": ('idx = torch.full((score.shape[0], K), -1, dtype=None', _INT_FILL),
+    "diffusion_rl.rl.objectives.selectors.x_top_k_steps__mutmut_47": ('idx = torch.full((score.shape[0], K), -1, device=score.device)', _INT_FILL),
     # rl/objectives/stabledrl.py
     "diffusion_rl.rl.objectives.stabledrl.x_group_weights__mutmut_51": (
         "softmax(lt, -1).nan_to_num(None)", "nan_to_num's default replaces NaN by 0.0, the value given"),

@@ -602,3 +602,26 @@ def test_uniform_noise_steps_replay_to_the_samplers_log_probs(reduce):
         assert m["egspo/slice_size"].item() == 3 and m["egspo/step_mean"].item() == pytest.approx(float(steps.float().mean()))
         assert m["cost/train_forwards_per_sample"].item() == 3
     assert (steps >= 0).all()
+
+
+@pytest.mark.parametrize("name", ["random", "uniform", "entropy", "low_entropy"])
+def test_a_row_with_fewer_candidates_than_k_keeps_them_all_and_marks_the_rest_unused(name):
+    ent = torch.rand(2, 10, generator=torch.Generator().manual_seed(3))
+    cand = torch.zeros(2, 10, dtype=torch.bool)
+    cand[0, [1, 4, 6]] = True  # three candidates for K = 5
+    cand[1] = True
+    steps = SELECTORS.get(name)(ent, 5, cand, torch.Generator().manual_seed(0))
+    assert steps.dtype == torch.long
+    assert sorted(steps[0, :3].tolist()) == [1, 4, 6] and steps[0, 3:].tolist() == [-1, -1]
+    assert (steps[1] >= 0).all() and len(set(steps[1].tolist())) == 5
+
+
+def test_steps_up_to_keeps_every_step_of_a_row_with_no_content():
+    assert steps_up_to(torch.tensor([2, -1]), 5).tolist() == [[True, True, True, False, False], [True] * 5]
+
+
+def test_the_entropy_selector_breaks_ties_by_the_earlier_step():
+    ent = torch.zeros(1, 64)
+    ent[0, ::4] = 1.0  # 16 steps tied at the top
+    assert SELECTORS.get("entropy")(ent, 6).tolist() == [[0, 4, 8, 12, 16, 20]]
+    assert SELECTORS.get("low_entropy")(ent, 3).tolist() == [[1, 2, 3]]
