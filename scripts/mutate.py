@@ -85,6 +85,7 @@ _NOT_IGNORED = "the KL covers the completion for every value but ignored"
 _NOT_KEPT = "the batch kept for the update is built again at each call: the same batch, a cost only"
 _SALT = "another salt or none: a stream as independent of the others; a test could only restate the constant"
 _INT_FILL = "torch.full infers int64 from an integer fill: the long dtype given"
+_ONE_PASS = "one_pass changes the cost, not the values: both scorers are tested equal (test_staircase.py)"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -251,6 +252,27 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.stabledrl.x_group_weights__mutmut_56": ("softmax(lt, +1)", _AXIS_2D + " (N/G, G)"),
     "diffusion_rl.rl.objectives.stabledrl.x_stabledrl_loss__mutmut_51": ("surr.reshape(-1, G)).sum(+1)", _AXIS_2D + " (N/G, G)"),
     "diffusion_rl.rl.objectives.stabledrl.x_stabledrl_loss__mutmut_81": ("w_norm.pow(2).sum(+1)", _AXIS_2D + " (N/G, G)"),
+    # likelihood/staircase.py
+    "diffusion_rl.likelihood.staircase.x_block_elbo_from_logps__mutmut_39": ('per_block.view(B, nb).sum(+1)', _AXIS_2D + " (B, nb)"),
+    "diffusion_rl.likelihood.staircase.x_per_block_logps__mutmut_42": ('clean[:, s:e], P + s, select=None))', _SELECT),
+    "diffusion_rl.likelihood.staircase.x_per_block_logps__mutmut_48": ('clean[:, s:e], P + s, ))', _SELECT),
+    "diffusion_rl.likelihood.staircase.x_per_block_logps__mutmut_32": ('sel = None', _SELECT),
+    "diffusion_rl.likelihood.staircase.x_per_block_logps__mutmut_33": ('sel = None if (select is None) and False else select[:, s:e]', _SELECT),
+    "diffusion_rl.likelihood.staircase.x_per_block_logps__mutmut_34": ('sel = None if (select is None) or True else select[:, s:e]', _SELECT),
+    "diffusion_rl.likelihood.staircase.x_per_block_logps__mutmut_35": ('sel = None if select is not None else select[:, s:e]', _SELECT),
+    "diffusion_rl.likelihood.staircase.x_staircase_logps__mutmut_21": ('clean, start, select=None, position_ids=position_ids)', _SELECT),
+    "diffusion_rl.likelihood.staircase.x_staircase_logps__mutmut_28": ('clean, start, position_ids=position_ids)', _SELECT),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁsample__mutmut_73": ('select=None)  # (K*B, L)', _SELECT),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁsample__mutmut_80": (')  # (K*B, L): only the masked tokens count', _SELECT),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁsample__mutmut_64": ('scorer = staircase_logps if (self.cfg.one_pass) and False else per_block_logps', _ONE_PASS),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁsample__mutmut_65": ('scorer = staircase_logps if (self.cfg.one_pass) or True else per_block_logps', _ONE_PASS),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁdraw__mutmut_7": ('dev = None', _CPU),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁdraw__mutmut_19": ('2 + P + L + nb - 1, None)[0]', _CPU),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁdraw__mutmut_22": ('2 + P + L + nb - 1, )[0]', _CPU),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁdraw__mutmut_60": ('prompt_hit = (u_p <= c.p_mask_prompt)', _TIE),
+    "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁdraw__mutmut_98": ('(ub <= t[..., None]) & sc', _TIE),
+    "diffusion_rl.likelihood.staircase.x_staircase_inputs__mutmut_8": ('dev = None', _CPU),
+    "diffusion_rl.likelihood.staircase.x_staircase_inputs__mutmut_31": ('dtype=torch.long)], 1).cumsum(+1)', _AXIS_2D + " (B, T)"),
     # likelihood/elbo.py
     "diffusion_rl.likelihood.elbo.x_sample_seeds__mutmut_10": (
         "[mix_seed(s, k) for s in seeds]",

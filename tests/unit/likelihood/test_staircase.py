@@ -100,3 +100,25 @@ def test_bind_rejects_unsuitable_models(tiny_bundle, block_bundle):
         est.bind(block_bundle)
     with pytest.raises(RuntimeError, match="bind"):
         est(None, None, None, torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4), [0])
+
+
+def test_a_block_of_one_token_is_a_block_model():
+    from types import SimpleNamespace
+
+    est = StaircaseEstimator(StaircaseConfig(), 99)
+    est.bind(SimpleNamespace(block_size=1, custom_attention_mask=True))
+    assert est.block_size == 1
+
+
+def test_scoring_after_eos_masks_and_scores_the_padding_too(block_bundle):
+    ids, mask, comp, cmask = block_data(block_bundle)
+    seeds = [3, 4, 5]
+    for after in (False, True):
+        est = staircase_of(block_bundle, num_samples=4, score_after_eos=after, t_min=0.9, t_max=1.0)
+        _, masked, _, scored = est.draw(seeds, mask, cmask)
+        assert torch.equal(scored, torch.ones_like(scored) if after else cmask.bool())
+        assert bool((masked & ~cmask.bool()).any()) is after  # tokens after EOS are drawn only when scored
+    logp = -torch.arange(1.0, 17.0).expand(3, -1)
+    short = staircase_of(block_bundle, weighting="mean").sampler_units(logp, cmask)
+    full = staircase_of(block_bundle, weighting="mean", score_after_eos=True).sampler_units(logp, cmask)
+    assert torch.equal(short[0], full[0]) and not torch.equal(short[2], full[2])  # row 2 ends at token 3
