@@ -86,6 +86,7 @@ _NOT_KEPT = "the batch kept for the update is built again at each call: the same
 _SALT = "another salt or none: a stream as independent of the others; a test could only restate the constant"
 _INT_FILL = "torch.full infers int64 from an integer fill: the long dtype given"
 _ONE_PASS = "one_pass changes the cost, not the values: both scorers are tested equal (test_staircase.py)"
+_DEFAULT_F32 = "no dtype: float32, the default, is the one given"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -273,6 +274,21 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.staircase.xǁStaircaseEstimatorǁdraw__mutmut_98": ('(ub <= t[..., None]) & sc', _TIE),
     "diffusion_rl.likelihood.staircase.x_staircase_inputs__mutmut_8": ('dev = None', _CPU),
     "diffusion_rl.likelihood.staircase.x_staircase_inputs__mutmut_31": ('dtype=torch.long)], 1).cumsum(+1)', _AXIS_2D + " (B, T)"),
+    # likelihood/trajectory.py
+    "diffusion_rl.likelihood.trajectory.x__uniform_replay__mutmut_6": ('out = torch.zeros(sample.shape[0], L, dtype=None,', _DEFAULT_F32),
+    "diffusion_rl.likelihood.trajectory.x__uniform_replay__mutmut_10": ('out = torch.zeros(sample.shape[0], L, device=completion_ids.device)', _DEFAULT_F32),
+    "diffusion_rl.likelihood.trajectory.x__uniform_replay__mutmut_15": ('canvas_of = torch.tensor(traj.canvas_of, dtype=None)', "a tensor of Python ints is int64, the long dtype given"),
+    "diffusion_rl.likelihood.trajectory.x__uniform_replay__mutmut_17": ('canvas_of = torch.tensor(traj.canvas_of, )', "a tensor of Python ints is int64, the long dtype given"),
+    "diffusion_rl.likelihood.trajectory.x__uniform_replay__mutmut_19": ('idx = (canvas_of == k).nonzero()[:, 0].to(None)', _CPU),
+    "diffusion_rl.likelihood.trajectory.x__uniform_replay__mutmut_68": ('for j in s], dtype=None)', _DEFAULT_F32),
+    "diffusion_rl.likelihood.trajectory.x__uniform_replay__mutmut_70": ('for j in s], )', _DEFAULT_F32),
+    "diffusion_rl.likelihood.trajectory.x_replay_logps__mutmut_37": ('traj.transitions(sample.to(None),', _CPU),
+    "diffusion_rl.likelihood.trajectory.x_replay_logps__mutmut_38": ('step.to(None))', _CPU),
+    "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁ__call____mutmut_19": ('total = torch.zeros(completion_ids.shape[0], dtype=None,', _DEFAULT_F32),
+    "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁ__call____mutmut_22": ('total = torch.zeros(completion_ids.shape[0], device=completion_ids.device)', _DEFAULT_F32),
+    "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁ__call____mutmut_6": ('step_positions(trajectory, L).to(None) &', _CPU),
+    "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁ__call____mutmut_52": ('logp.sum(+1))', _AXIS_2D + " (M, L)"),
+    "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁsampler_units__mutmut_3": ('return (token_logp * completion_mask).sum(+1)', _AXIS_2D + " (B, L)"),
     # likelihood/elbo.py
     "diffusion_rl.likelihood.elbo.x_sample_seeds__mutmut_10": (
         "[mix_seed(s, k) for s in seeds]",

@@ -101,3 +101,25 @@ def test_a_masking_trajectory_sums_to_its_recorded_log_probs(tiny_bundle):
             logits_fn(tiny_bundle.net), ids, torch.ones_like(ids), out.completion, torch.ones_like(out.completion), [],
             trajectory=traj)
     assert torch.allclose(total, traj.logps.sum(-1), atol=1e-4)
+
+
+def test_a_padded_masking_trajectory_counts_the_completion_up_to_eos_only(tiny_bundle):
+    """Left-padded prompts replay with their attention mask (as the sampler drew them); tokens past the
+    completion mask are not counted."""
+    from diffusion_rl.models.policy import encode_prompts
+
+    ids, mask = encode_prompts(tiny_bundle.tokenizer, ["1203=", "4", "0000000="])
+    traj = TrajectoryRecorder(tiny_bundle.mask_token_id, record_greedy=False)
+    tiny_bundle.net.eval()
+    out = sample(tiny_bundle, ids, mask, SamplerConfig(gen_length=8, block_length=8, steps=4, temperature=0.9),
+                 RowNoise([1, 2, 3]), traj)
+    est = TrajectoryEstimator(TrajectoryLikelihoodConfig(), tiny_bundle.mask_token_id)
+    with torch.no_grad():
+        total = est(logits_fn(tiny_bundle.net), ids, mask, out.completion, torch.ones_like(out.completion), [],
+                    trajectory=traj)
+        cmask = torch.ones_like(out.completion)
+        cmask[:, 5:] = 0  # the last three tokens after an (assumed) end
+        part = est(logits_fn(tiny_bundle.net), ids, mask, out.completion, cmask, [], trajectory=traj)
+    assert torch.allclose(total, traj.logps.sum(-1), atol=1e-4)
+    assert torch.allclose(part, (out.token_logp * cmask).sum(-1), atol=1e-4)
+    assert torch.allclose(est.sampler_units(out.token_logp, cmask), (out.token_logp[:, :5]).sum(-1))
