@@ -132,3 +132,49 @@ def test_staircase_plugs_into_objectives(block_bundle, objective):
     assert float(metrics["ratio/log_max"]) == pytest.approx(0.0, abs=1e-5)  # theta = theta_old, shared masks
     grads = [p.grad for p in block_bundle.net.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+
+# ---- LLaDA2.1's token editing, hand-computed ---------------------------------------------------------
+def test_an_edit_replaces_a_decoded_token_of_a_live_row_only_above_the_threshold():
+    from diffusion_rl.sampling.block import edits
+
+    M = 9
+    probs = torch.full((2, 3, 4), 0.25)
+    probs[0, 0] = torch.tensor([0.2, 0.6, 0.1, 0.1])  # row 0, position 0: token 1 at 0.6 over the decoded 2
+    probs[0, 2] = torch.tensor([0.5, 0.2, 0.2, 0.1])  # position 2: token 0 at exactly the threshold
+    probs[1, 0] = torch.tensor([0.05, 0.025, 0.025, 0.9])  # row 1 has ended: never edited
+    block = torch.tensor([[2, M, 3], [1, 1, 1]])
+    cand = torch.tensor([[1, 0, 0], [3, 1, 1]])
+    live = torch.tensor([True, False])
+    cfg = SamplerConfig(editing_threshold=0.5)
+    got = edits(probs.log(), cand, block, live, M, cfg)
+    assert got.tolist() == [[True, False, False], [False, False, False]]  # a masked position is decoding, not editing
+    assert edits(probs.log(), cand, block, torch.tensor([True, True]), M, cfg)[1].tolist() == [True, False, False]
+    assert not edits(probs.log(), cand, block, live, M, SamplerConfig(editing_threshold=0.65)).any()
+
+
+def test_revision_passes_edit_until_nothing_changes_and_only_with_editing_on():
+    from diffusion_rl.sampling.block import _revise_block
+    from diffusion_rl.sampling.sampler import CommitStats
+
+    M = 9
+    logits = torch.full((1, 3, 4), -5.0)
+    logits[0, :, 3] = 0.0
+    logits[0, 0, 1] = 5.0  # the model now prefers 1 at position 0 (p ~ 0.99)
+    calls = []
+
+    def logits_of():
+        calls.append(1)
+        return logits
+
+    for cfg, passes, edited in ((SamplerConfig(temperature=0.0, editing_threshold=0.9), 2, 1.0),
+                                (SamplerConfig(temperature=0.0, editing_threshold=0.9, max_post_steps=0), 0, 0.0),
+                                (SamplerConfig(temperature=0.0), 0, 0.0)):
+        x = torch.tensor([[7, 7, 2, 3, 3]])  # the block is x[:, 2:5]
+        calls.clear()
+        stats = CommitStats(1, 5, torch.device("cpu"))
+        _revise_block(x, logits_of, 2, 5, torch.tensor([True]), cfg, M, None, stats)
+        assert len(calls) == passes and stats.edited == edited
+        assert x.tolist() == ([[7, 7, 1, 3, 3]] if edited else [[7, 7, 2, 3, 3]])
+        if edited:
+            assert stats.token_logp[0, 2].item() == pytest.approx(torch.log_softmax(logits[0, 0], -1)[1].item())
