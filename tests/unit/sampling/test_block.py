@@ -178,3 +178,31 @@ def test_revision_passes_edit_until_nothing_changes_and_only_with_editing_on():
         assert x.tolist() == ([[7, 7, 1, 3, 3]] if edited else [[7, 7, 2, 3, 3]])
         if edited:
             assert stats.token_logp[0, 2].item() == pytest.approx(torch.log_softmax(logits[0, 0], -1)[1].item())
+
+
+def test_the_block_sampler_s_config_edges():
+    from diffusion_rl.core.errors import ConfigError
+    from diffusion_rl.sampling.block import check_block_sampler
+
+    check_block_sampler(SamplerConfig(gen_length=4, block_length=4, steps=4), 1)  # blocks of one token
+    check_block_sampler(SamplerConfig(gen_length=8, block_length=8, steps=3, schedule="ass"), 8)
+    for cfg, size, key in ((SamplerConfig(gen_length=8, block_length=8, steps=8), 0, "model.block_size"),
+                           (SamplerConfig(gen_length=8, block_length=8, steps=8), 3, "sampler.gen_length"),
+                           (SamplerConfig(gen_length=8, block_length=8, steps=3), 4, "sampler.steps"),
+                           (SamplerConfig(gen_length=8, block_length=8, steps=8, cfg_scale=0.5), 4, "sampler.cfg_scale"),
+                           (SamplerConfig(gen_length=8, block_length=8, steps=8, kv_cache="prefix"), 4, "sampler.kv_cache"),
+                           (SamplerConfig(gen_length=8, block_length=8, steps=2, schedule="ass"), 4, "sampler.schedule")):
+        with pytest.raises(ConfigError, match=rf"^{key.replace('.', chr(92) + '.')}="):
+            check_block_sampler(cfg, size)
+
+
+def test_a_prompt_is_left_padded_to_whole_blocks_in_its_own_dtypes():
+    from diffusion_rl.sampling.block import align_prompt
+
+    ids = torch.tensor([[5, 6, 7]], dtype=torch.int32)
+    mask = torch.tensor([[0, 1, 1]], dtype=torch.int8)
+    out_ids, out_mask, pad = align_prompt(ids, mask, 4, 0)
+    assert pad == 1 and out_ids.tolist() == [[0, 5, 6, 7]] and out_mask.tolist() == [[0, 0, 1, 1]]
+    assert out_ids.dtype == torch.int32 and out_mask.dtype == torch.int8
+    same_ids, same_mask, pad = align_prompt(torch.tensor([[5, 6, 7, 8]]), None, 4, 0)
+    assert pad == 0 and same_mask.tolist() == [[1, 1, 1, 1]]
