@@ -196,6 +196,9 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         _AXIS_2D + " (n, 1)"),
     "diffusion_rl.sampling.sampler.xǁSamplerConfigǁvalidate__mutmut_17": ('num_blocks = self.gen_length / self.block_length',
         "steps % a float count of blocks is 0 exactly when it is for the integer count"),
+    "diffusion_rl.sampling.sampler.x_block_schedule__mutmut_24": (
+        "if masked.numel() else 1):", "an empty batch has no open position: the loop's first check returns before a step"),
+    "diffusion_rl.sampling.sampler.x_maskgit_transfer_tokens__mutmut_7": (")  # (steps,)", _CPU),
     # rl/objectives/losses.py
     "diffusion_rl.rl.objectives.losses.x_agg_loss__mutmut_20": (
         "mask.reshape(groups, -1), )", "the mode dropped is the default mode, seq-mean-token-mean"),
@@ -289,6 +292,11 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁ__call____mutmut_6": ('step_positions(trajectory, L).to(None) &', _CPU),
     "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁ__call____mutmut_52": ('logp.sum(+1))', _AXIS_2D + " (M, L)"),
     "diffusion_rl.likelihood.trajectory.xǁTrajectoryEstimatorǁsampler_units__mutmut_3": ('return (token_logp * completion_mask).sum(+1)', _AXIS_2D + " (B, L)"),
+    # likelihood/stepwise.py
+    "diffusion_rl.likelihood.stepwise.x_stepwise_logps__mutmut_29": ("total = logp.sum(+1)", _AXIS_2D + " (N, P+L)"),
+    "diffusion_rl.likelihood.stepwise.x_stepwise_logps__mutmut_39": ("committed.sum(+1).clamp_min(1)", _AXIS_2D + " (N, P+L)"),
+    "diffusion_rl.likelihood.stepwise.x_stepwise_logps__mutmut_36": (
+        "clamp_min(1).to(None)", "float log-probs divided by integer counts: the same floats"),
     # likelihood/elbo.py
     "diffusion_rl.likelihood.elbo.x_sample_seeds__mutmut_10": (
         "[mix_seed(s, k) for s in seeds]",
