@@ -206,3 +206,27 @@ def test_a_prompt_is_left_padded_to_whole_blocks_in_its_own_dtypes():
     assert out_ids.dtype == torch.int32 and out_mask.dtype == torch.int8
     same_ids, same_mask, pad = align_prompt(torch.tensor([[5, 6, 7, 8]]), None, 4, 0)
     assert pad == 0 and same_mask.tolist() == [[1, 1, 1, 1]]
+
+
+def test_editing_runs_without_a_recorder_and_is_refused_with_one(block_bundle):
+    from diffusion_rl.sampling.trajectory import TrajectoryRecorder
+
+    ids, mask, _, _ = block_data(block_bundle)
+    m = block_bundle.mask_token_id
+    cfg = SamplerConfig(gen_length=16, block_length=BS, steps=8, temperature=0.0, editing_threshold=0.0)
+    out = block_generate(block_bundle.net, ids, mask, cfg, BS, m)  # threshold 0: every preferred change is made
+    plain = block_generate(block_bundle.net, ids, mask, SamplerConfig(gen_length=16, block_length=BS, steps=8,
+                                                                       temperature=0.0), BS, m)
+    assert out.edited > 0 and plain.edited == 0 and not torch.equal(out.completion, plain.completion)
+    with pytest.raises(ConfigError, match=r"^sampler\.editing_threshold=0\.0"):
+        block_generate(block_bundle.net, ids, mask, cfg, BS, m, recorder=TrajectoryRecorder(m))
+
+
+def test_an_uncached_block_step_runs_the_prompt_and_the_blocks_so_far(block_bundle):
+    ids, mask, _, _ = block_data(block_bundle)
+    cfg = SamplerConfig(gen_length=16, block_length=BS, steps=8, temperature=0.0)
+    cached = block_generate(block_bundle.net, ids, mask, cfg, BS, block_bundle.mask_token_id)
+    uncached = block_generate(block_bundle.net, ids, mask, cfg, BS, block_bundle.mask_token_id, use_cache=False)
+    P, spb = ids.shape[1], 2
+    assert uncached.forward_tokens == sum(spb * (P + BS * (b + 1)) for b in range(4))
+    assert cached.forward_tokens < uncached.forward_tokens and uncached.forwards == 8
