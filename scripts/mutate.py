@@ -87,6 +87,7 @@ _SALT = "another salt or none: a stream as independent of the others; a test cou
 _INT_FILL = "torch.full infers int64 from an integer fill: the long dtype given"
 _ONE_PASS = "one_pass changes the cost, not the values: both scorers are tested equal (test_staircase.py)"
 _DEFAULT_F32 = "no dtype: float32, the default, is the one given"
+_ALL_ONES = "an all-ones attention mask where there is no padding: the same logits as none"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -297,6 +298,13 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.stepwise.x_stepwise_logps__mutmut_39": ("committed.sum(+1).clamp_min(1)", _AXIS_2D + " (N, P+L)"),
     "diffusion_rl.likelihood.stepwise.x_stepwise_logps__mutmut_36": (
         "clamp_min(1).to(None)", "float log-probs divided by integer counts: the same floats"),
+    # sampling/block.py
+    "diffusion_rl.sampling.block.x__block_logits__mutmut_17": ('attention_mask=keep[:, :end], keep=slice(start, None))', "the input ends at end: slice(start, None) is slice(start, end)"),
+    "diffusion_rl.sampling.block.x__revise_block__mutmut_25": ('edit = edits(logits, cand, blk, live, None, cfg)', "revision runs on a full block: no mask is left to compare with"),
+    "diffusion_rl.sampling.block.x__revise_block__mutmut_35": ('            return', "nothing follows the loop: return and break end the same"),
+    "diffusion_rl.sampling.block.x_check_block_sampler__mutmut_5": ('num_blocks = cfg.gen_length / block_size', "a float count of blocks divides steps and compares with 1 as the integer count does"),
+    "diffusion_rl.likelihood.trajectory.x_replay_logps__mutmut_46": ("attn = None if (bool(prompt_mask.all())) and False else", _ALL_ONES),
+    "diffusion_rl.likelihood.trajectory.x_replay_logps__mutmut_48": ("attn = None if bool(None) else", _ALL_ONES),
     # likelihood/elbo.py
     "diffusion_rl.likelihood.elbo.x_sample_seeds__mutmut_10": (
         "[mix_seed(s, k) for s in seeds]",
