@@ -22,6 +22,21 @@ def sharp_gemma(canvas: int = 8, scale: float = 60.0, seed: int = 0, d_model: in
     return b
 
 
+#: an EntropyBound sampler that accepts several positions a step on :func:`sharp_gemma` and stops early
+EB = EntropyBoundConfig(steps=5, entropy_bound=1.0, confidence_threshold=0.5)
+
+
+def uniform_rollout(bundle: PolicyBundle, ids: torch.Tensor, mask: torch.Tensor | None, seeds: list[int],
+                    gen_length: int = 16):
+    """Our EntropyBound sampler (:data:`EB`) on ``ids`` with its trajectory recorded -> (trajectory, completions)."""
+    from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
+    from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
+
+    traj = UniformTrajectory()
+    out = sample(bundle, ids, mask, SamplerConfig(gen_length=gen_length, uniform=EB), RowNoise(seeds), traj)
+    return traj, out.completion
+
+
 def hf_generate(bundle: PolicyBundle, ids: torch.Tensor, mask: torch.Tensor | None, eb: EntropyBoundConfig,
                 gen_length: int, seed: int) -> torch.Tensor:
     """transformers' ``generate`` after ``torch.manual_seed(seed)`` with ``eb``'s settings and the bundle's EOS

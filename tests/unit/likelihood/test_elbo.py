@@ -26,6 +26,17 @@ MASK = 99
 SEEDS = [11, 22, 33, 44, 55, 66, 77, 88]
 
 
+def spying(net):
+    """``net``'s forward and the list of every input it was called with."""
+    seen = []
+
+    def fwd(ids, attn):
+        seen.append(ids)
+        return logits_fn(net)(ids, attn)
+
+    return fwd, seen
+
+
 def test_elbo_from_logps_weighting_hand_computed():
     logps = torch.tensor([[[-1.0, -2.0, -3.0]], [[-0.5, -1.5, -4.0]]])  # (K=2, B=1, L=3)
     masked = torch.tensor([[[True, False, True]], [[False, True, False]]])
@@ -123,11 +134,7 @@ def test_elbo_config_validation():
 def test_tokens_after_eos_are_masked_and_not_scored(tiny_bundle):
     prompt, pmask, comp, cmask = make_batch(tiny_bundle)
     net = tiny_bundle.net.eval()
-    seen = []
-
-    def fwd(ids, attn):
-        seen.append(ids)
-        return logits_fn(net)(ids, attn)
+    fwd, seen = spying(net)
 
     est = ELBOEstimator(ELBOConfig(num_samples=2), tiny_bundle.mask_token_id)
     comp2 = comp.clone()
@@ -327,11 +334,7 @@ def test_sample_seeds_differ_per_row_and_per_sample_and_keep_sample_zero():
 def test_the_estimator_passes_pinned_tokens_as_context_and_scores_the_masked_ones(tiny_bundle):
     prompt, pmask, comp, cmask = make_batch(tiny_bundle)
     net = tiny_bundle.net.eval()
-    seen = []
-
-    def fwd(ids, attn):
-        seen.append(ids)
-        return logits_fn(net)(ids, attn)
+    fwd, seen = spying(net)
 
     pinned = torch.zeros_like(comp, dtype=torch.bool)
     pinned[:, 0] = True

@@ -13,18 +13,10 @@ from diffusion_rl.likelihood.trajectory import (
 )
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
-from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig, step_temperature
+from diffusion_rl.sampling.entropy_bound import step_temperature
 from diffusion_rl.sampling.trajectory import TrajectoryRecorder
-from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
-from tests.helpers.gemma import sharp_gemma
-
-EB = EntropyBoundConfig(steps=5, entropy_bound=1.0, confidence_threshold=0.5)
-
-
-def rollout(bundle, ids, mask, seeds, gen_length=16):
-    traj = UniformTrajectory()
-    out = sample(bundle, ids, mask, SamplerConfig(gen_length=gen_length, uniform=EB), RowNoise(seeds), traj)
-    return traj, out.completion
+from tests.helpers.gemma import EB, sharp_gemma
+from tests.helpers.gemma import uniform_rollout as rollout
 
 
 def test_every_recorded_step_replays_to_the_samplers_log_probs():

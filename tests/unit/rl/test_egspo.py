@@ -562,18 +562,13 @@ def test_uniform_noise_steps_replay_to_the_samplers_log_probs(reduce):
     log-probs as the sampler drew them, summed or averaged over the tokens, over those the reward reads
     when a loss mask is set."""
     from diffusion_rl.likelihood.trajectory import TrajectoryEstimator, TrajectoryLikelihoodConfig
-    from diffusion_rl.sampling import sample
-    from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig
-    from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
     from tests.helpers.common import rollout_of
-    from tests.helpers.gemma import sharp_gemma
+    from tests.helpers.gemma import sharp_gemma, uniform_rollout
 
     b = sharp_gemma()
     ids = torch.randint(4, 100, (4, 5), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
-    traj = UniformTrajectory()
-    eb = EntropyBoundConfig(steps=5, entropy_bound=1.0, confidence_threshold=0.5)
-    comp = sample(b, ids, mask, SamplerConfig(gen_length=16, uniform=eb), RowNoise([1, 2, 3, 4]), traj).completion
+    traj, comp = uniform_rollout(b, ids, mask, [1, 2, 3, 4])
     obj = EGSPO(EGSPOConfig(K=3, mu=1, reduce=reduce, old_logp="recompute"),
                 TrajectoryEstimator(TrajectoryLikelihoodConfig(), -1))
     cmask = torch.ones_like(comp, dtype=torch.float)

@@ -149,17 +149,12 @@ def test_a_trajectory_likelihood_gets_the_rollout_s_trajectory():
     """GRPO on DiffusionGemma's trajectory likelihood: one unit per sequence, the log-probs of every
     accepted token as the sampler drew them."""
     from diffusion_rl.likelihood.trajectory import TrajectoryEstimator, TrajectoryLikelihoodConfig
-    from diffusion_rl.sampling import RowNoise, SamplerConfig, sample
-    from diffusion_rl.sampling.entropy_bound import EntropyBoundConfig
-    from diffusion_rl.sampling.uniform_trajectory import UniformTrajectory
-    from tests.helpers.gemma import sharp_gemma
+    from tests.helpers.gemma import sharp_gemma, uniform_rollout
 
     b = sharp_gemma()
     ids = torch.randint(4, 100, (2, 5), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
-    traj = UniformTrajectory()
-    eb = EntropyBoundConfig(steps=5, entropy_bound=1.0, confidence_threshold=0.5)
-    comp = sample(b, ids, mask, SamplerConfig(gen_length=16, uniform=eb), RowNoise([1, 2]), traj).completion
+    traj, comp = uniform_rollout(b, ids, mask, [1, 2])
     adv = torch.tensor([1.0, -1.0])
     ro = rollout_of(ids, mask, comp, torch.ones_like(comp, dtype=torch.float), adv, adv, 2, trajectory=traj)
     obj = GRPO(GRPOConfig(), TrajectoryEstimator(TrajectoryLikelihoodConfig(), -1))
