@@ -219,7 +219,23 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
     advantage = adv_cls(adv_cfg)
     check_trajectory_sampler(sampler, objective)
     check_tree(run.rollout.tree, sampler, bundle.block_size, objective, run.rollout.oversample)
+    check_staleness(run, trainer, objective)
     return Components(task, bundle, objective, advantage, sampler, optim, trainer, run)
+
+
+def check_staleness(run: RunConfig, trainer: TrainerConfig, objective: Objective) -> None:
+    """``rollout.staleness > 0`` (training/async_rollout.py): one training process, and the old policy a
+    frozen copy the sampling weights are loaded into."""
+    k = run.rollout.staleness
+    if not k:
+        return
+    if trainer.strategy in ("ddp", "fsdp") or trainer.num_nodes > 1 or trainer.devices not in (1, "1", "auto"):
+        raise ConfigError("rollout.staleness", k, "runs with one training process for now (rollout workers as "
+                          "ranks of their own under torchrun are not built): use rollout.staleness=0 with "
+                          f"trainer.strategy={trainer.strategy}")
+    if run.old_policy != "copy" and objective.needs_old_logp():
+        raise ConfigError("old_policy", run.old_policy, "rollout.staleness > 0 takes old_policy=copy (the old policy "
+                          "is the sampling weights, loaded into the copy before each batch's updates)")
 
 
 def check_trajectory_sampler(sampler: SamplerConfig, objective: Objective) -> None:

@@ -59,6 +59,7 @@ from diffusion_rl.tasks.base import Task
 
 _GUMBEL_SALT = 0xA11
 _RESAMPLE_SALT = 0xA12  # the noise of an objective's resampled rows (RolloutTools.sample)
+ROLLOUT_WORKERS = ("process", "inline")  # rollout.worker
 
 
 @dataclass
@@ -76,10 +77,23 @@ class RolloutConfig:
     # tree rollouts (rl/tree.py): a prompt's group is the leaves of a tree of partial states, and
     # task.group_size is not used; branches: [] (default) samples the group independently
     tree: TreeConfig = field(default_factory=TreeConfig)
+    # bounded staleness (training/async_rollout.py): batch r is sampled with the weights of RL step
+    # r - k while the trainer trains on batch r - k; 0 = the synchronous loop
+    staleness: int = 0
+    # where the sampler runs when staleness > 0: process (its own process, overlapping the trainer) |
+    # inline (in the trainer's process, one after the other: the same rollouts, for checks)
+    worker: str = "process"
+    worker_threads: int = 1  # torch intra-op threads of the worker process; 0 = torch's default
 
     def validate(self) -> None:
         if self.oversample < 1:
             raise ConfigError("rollout.oversample", self.oversample, "must be >= 1 (1 = off)")
+        if self.staleness < 0:
+            raise ConfigError("rollout.staleness", self.staleness, "must be >= 0 (0 = synchronous)")
+        if self.worker not in ROLLOUT_WORKERS:
+            raise ConfigError("rollout.worker", self.worker, f"allowed: {', '.join(ROLLOUT_WORKERS)}")
+        if self.worker_threads < 0:
+            raise ConfigError("rollout.worker_threads", self.worker_threads, "must be >= 0 (0 = torch's default)")
         self.tree.validate()
 
 

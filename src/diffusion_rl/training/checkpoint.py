@@ -129,6 +129,8 @@ class RunCheckpoint(ModelCheckpoint):
                                   "consecutive_skips": pl_module.consecutive_skips,
                                   "reward_failures": getattr(pl_module.task, "reward_failures", 0),
                                   "warm_start": self.run.warm_start, "rng": rng_state()}
+        if pl_module.pipeline is not None:  # rollout.staleness > 0: the jobs sampled ahead, to sample again
+            checkpoint["rl_state"]["pipeline"] = pl_module.pipeline.state()
         # what src/eval.py rebuilds (model, tokenizer, task, sampler) and the W&B run a resume continues
         checkpoint[RUN_KEY] = {"config": self.run.config, "wandb_id": wandb_run_id(trainer.loggers),
                                "base": self.run.base}
@@ -151,6 +153,8 @@ class RunCheckpoint(ModelCheckpoint):
         pl_module.skipped_updates = state.get("skipped_updates", 0)
         pl_module.consecutive_skips = state.get("consecutive_skips", 0)
         pl_module.task.reward_failures = state.get("reward_failures", 0)
+        if pl_module.pipeline is not None and "pipeline" in state:
+            pl_module.pipeline.load_state(state["pipeline"])
         saved, ours = state.get("warm_start"), self.run.warm_start
         if saved and ours and saved.get("key") != ours.get("key"):
             log.warning("the checkpoint's warm start (%s) differs from this config's (%s); the checkpoint's "

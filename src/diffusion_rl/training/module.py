@@ -10,6 +10,10 @@ Per batch of prompts, ``training_step`` is four calls:
    ``train/skipped_updates`` and leaves weights and optimizer untouched;
 4. :meth:`sync_old_policy`: copy the policy into the old policy.
 
+With ``rollout.staleness=k > 0`` (``training/async_rollout.py``) step 1 is a rollout worker's: the
+batch is submitted to it and the batch submitted ``k`` batches earlier trains, its sampling weights
+loaded into the old policy in place of step 4.
+
 ``old_policy=copy`` keeps a frozen copy of the policy as the old policy; ``old_policy=precomputed``
 keeps none: the rollout is sampled with the policy itself and, before the first update, the
 objective's ``compute_old_logp`` (old log-probs / ELBOs on every inner iteration's mask seeds) are computed
@@ -56,6 +60,7 @@ from diffusion_rl.rl.objectives.base import Objective, StepContext
 from diffusion_rl.rl.rollout import RolloutConfig, RolloutEngine
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.tasks.base import Task
+from diffusion_rl.training.async_rollout import RolloutPipeline
 from diffusion_rl.training.strategy import (
     FSDP2Strategy,
     broadcast_from_first,
@@ -127,6 +132,11 @@ class DiffusionRLModule(L.LightningModule):
         self.bundle, self.task, self.objective = bundle, task, objective
         self.sampler_cfg, self.optim_cfg, self.seed = sampler, optim, seed
         self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, rollout, seed)
+        staleness = rollout.staleness if rollout is not None else 0
+        # rollout.staleness > 0: a worker samples ahead of the trainer (training/async_rollout.py; the
+        # config was checked by app/train.py's check_staleness)
+        self.pipeline = (RolloutPipeline(self.rollouts, staleness, rollout.worker, rollout.worker_threads)
+                         if rollout is not None and staleness else None)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
         # a ratio-free objective that scores no old policy needs no frozen copy of it: the
@@ -184,13 +194,47 @@ class DiffusionRLModule(L.LightningModule):
     # ---- the RL step --------------------------------------------------------------------
     def training_step(self, items: list[dict[str, Any]], batch_idx: int) -> None:
         self.record = StepRecord()  # a new one per batch: bounded even without the callbacks
-        ro = self.rollout(items)
-        ctx = self.step_context(ro)
+        t0 = time.perf_counter()
+        if self.pipeline is not None:
+            self._stale_step(items)
+        else:
+            ro = self.rollout(items)
+            self._updates(self.step_context(ro))
+            self.sync_old_policy()
+        if self.record.rows:  # the batch's wall time: its rollout (or the wait for it) and its updates
+            self.record.rows[-1][1]["time/step_s"] = time.perf_counter() - t0
+
+    def _updates(self, ctx: StepContext) -> None:
         for it in range(self.objective.cfg.mu):
             if self.trainer.global_step >= self.trainer.max_steps > 0:
                 break  # trainer.max_steps counts optimizer steps: a rollout's last updates may fall past it
             self.inner_update(ctx, it)
-        self.sync_old_policy()
+
+    def _stale_step(self, items: list[dict[str, Any]]) -> None:
+        """``rollout.staleness=k``: submit this batch to the rollout worker and train on the batch
+        submitted ``k`` batches ago, with the weights that sampled it as the old policy (nothing
+        during the first ``k`` batches)."""
+        assert self.pipeline is not None
+        if self.trainer.world_size > 1:
+            raise ConfigError("rollout.staleness", self.pipeline.k, "runs with one training process for now "
+                              "(rollout workers as ranks of their own under torchrun are not built)")
+        taken = self.pipeline.step(self.rollout_count, items, self.policy)
+        self.rollout_count += 1
+        if taken is None:
+            return
+        done, metrics = taken
+        ro = done.rollout
+        ro.metrics.update(metrics)
+        self.task.reward_failures = done.reward_failures
+        self.record.rollout = ro
+        if self.old_policy is not None:
+            self.pipeline.load_version(done.version, self.old_policy)
+        self._updates(self.step_context(ro))
+        self.pipeline.finish_step()
+
+    def teardown(self, stage: str) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
 
     def rollout(self, items: list[dict[str, Any]]) -> Rollout:
         """Sample, score and compute advantages with the old policy (``rl/rollout.py``)."""
