@@ -18,6 +18,15 @@ fit. Also printed: the medians of the sync arm's rollout and update times, and t
 for rollouts and the worker's busy and idle time per batch, which say where the time goes. Timing
 needs an otherwise idle machine. Prints each run and the ratio of the means (sync / stale: above 1 =
 staleness is faster).
+
+    python benchmarks/staleness.py --gpu-model [--gpus 8] [--rollout-share 0.89]
+
+prints, without running anything, the step time of ``--gpus`` GPUs colocated (every GPU samples, then
+every GPU trains: ``R + U``) against a split (``a`` GPUs sample while ``gpus - a`` train, staleness 1:
+``max(R gpus / a, U gpus / (gpus - a))``) for every ``a``, in units of the colocated step, from the
+rollout's share of a colocated step's work. Both phases are taken to scale linearly with GPUs and the
+weight transfer to cost nothing: computed, not measured. The default share is the FLOP count of
+StableDRL's public regime on LLaDA-8B (``gpu_phase_flops``).
 """
 
 from __future__ import annotations
@@ -53,6 +62,27 @@ def median_of(rows: list[dict[str, str]], key: str, skip: int) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
+def gpu_phase_flops(params: float = 8e9, prompt: int = 150, gen: int = 256, steps: int = 128, mc: int = 2,
+                    inner: int = 2) -> tuple[float, float]:
+    """FLOPs per completion of an RL step's rollout and of its updates, at StableDRL's public regime on
+    LLaDA-8B (256 tokens in 128 steps without a cache; ``mc`` ELBO samples for the old policy at rollout
+    time and for the policy in each of ``inner`` updates, forward and backward): 2 FLOPs per parameter
+    and token forward, 6 forward and backward."""
+    tokens = prompt + gen
+    rollout = steps * 2 * params * tokens
+    update = mc * 2 * params * tokens + inner * mc * 6 * params * tokens
+    return rollout, update
+
+
+def gpu_model(gpus: int, share: float) -> None:
+    R, U = share, 1 - share  # a colocated step is R + U = 1
+    print(f"{gpus} GPUs, rollout {100 * share:.0f}% of the work (computed, not measured):")
+    print("  colocated (sample, then train, on every GPU): 1.000")
+    for a in range(1, gpus):
+        t = max(R * gpus / a, U * gpus / (gpus - a))
+        print(f"  split {a} sampling + {gpus - a} training, staleness 1: {t:.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2, help="threads of each arm in all")
@@ -60,8 +90,14 @@ def main() -> None:
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--gpu-model", action="store_true", help="print the computed GPU table and stop")
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--rollout-share", type=float, default=None, help="default: gpu_phase_flops's share")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for both arms, after --")
     a = p.parse_args()
+    if a.gpu_model:
+        rollout, update = gpu_phase_flops()
+        return gpu_model(a.gpus, a.rollout_share if a.rollout_share is not None else rollout / (rollout + update))
     if not 0 < a.worker_threads < a.threads or a.staleness < 1:
         raise SystemExit("need 0 < --worker-threads < --threads and --staleness >= 1")
     k, T, w = a.staleness, a.threads, a.worker_threads

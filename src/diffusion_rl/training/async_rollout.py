@@ -114,9 +114,10 @@ class Done:
 class RolloutWorker:
     """Samples and scores jobs with its own network, loading each job's version from the slots."""
 
-    def __init__(self, engine: RolloutEngine, slots: WeightSlots):
+    def __init__(self, engine: RolloutEngine, slots: WeightSlots, device: torch.device | None = None):
         self.engine, self.slots = engine, slots
         self.net = engine.bundle.net
+        self.device = device  # where the network samples; None: where it is
         self.loaded = -1
         self.last_end: float | None = None
 
@@ -137,6 +138,8 @@ def _serve(worker: RolloutWorker, inbox: Any, outbox: Any, threads: int) -> None
     """The worker process: jobs in, results out, until ``None`` or the trainer's process is gone."""
     if threads:
         torch.set_num_threads(threads)
+    if worker.device is not None:  # it came through the pipe on the CPU (see RolloutPipeline._start)
+        worker.net.to(worker.device)
     parent = os.getppid()
     while True:
         try:
@@ -220,9 +223,15 @@ class RolloutPipeline:
         self.resubmit: list[Job] = []  # restored from a checkpoint: sampled again before the next job
 
     def _start(self, policy: nn.Module) -> None:
-        net = copy.deepcopy(policy).requires_grad_(False).eval()  # the worker's own copy: never the policy's storage
-        worker = RolloutWorker(replace_net(self.engine, net), self.slots)
-        self.backend = InlineBackend(worker) if self.kind == "inline" else ProcessBackend(worker, self.threads)
+        # the worker's own copy, never the policy's storage; a process gets it on the CPU (CUDA tensors
+        # sent to another process stay owned by the sender) and moves it to the policy's device itself
+        net = copy.deepcopy(policy).requires_grad_(False).eval()
+        if self.kind == "inline":
+            self.backend = InlineBackend(RolloutWorker(replace_net(self.engine, net), self.slots))
+        else:
+            device = next(policy.parameters()).device
+            worker = RolloutWorker(replace_net(self.engine, net.cpu()), self.slots, device)
+            self.backend = ProcessBackend(worker, self.threads)
         for job in self.resubmit:
             self.backend.submit(job)
         self.resubmit = []
