@@ -80,10 +80,13 @@ def test_resume_after_exception_is_exact(tmp_path, extra, at_step, monkeypatch):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
-    """``python src/train.py``: killed with SIGKILL after step 5 (checkpoint at 4), resumed from ``last``."""
+@pytest.mark.parametrize("extra", [[], ["rollout.staleness=1", "rollout.worker_threads=1"]])
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, extra):
+    """``python src/train.py``: killed with SIGKILL after step 5 (checkpoint at 4), resumed from ``last``.
+    With ``rollout.staleness=1`` the worker process is sampling ahead when the kill comes: the resumed
+    run samples the checkpoint's pending batch again, so no sample is lost or repeated."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    common = [sys.executable, "src/train.py", *TINY, *BASE, f"paths.cache_dir={tmp_path / 'cache'}"]
+    common = [sys.executable, "src/train.py", *TINY, *BASE, *extra, f"paths.cache_dir={tmp_path / 'cache'}"]
 
     def run(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([*common, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
