@@ -127,6 +127,19 @@ def test_joblib_launcher_runs_jobs_and_survives_a_failure(tmp_path):
     assert (tmp_path / "sweep" / "1" / "failed.json").exists()
 
 
+@pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/joblib' is validated against ConfigStore schema")
+def test_a_rollout_worker_process_starts_inside_a_joblib_job(tmp_path):
+    """The jobs of ``experiment=staleness`` run in joblib's (loky) worker processes, whose start method a
+    fresh interpreter does not know: the rollout worker must start there all the same."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    out = _multirun(tmp_path, ["hydra/launcher=joblib", "rollout.staleness=1,2", "trainer.max_steps=2",
+                               "eval.before=false", "eval.after=false"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    for job in (0, 1):
+        assert not (tmp_path / "sweep" / str(job) / "failed.json").exists(), out.stderr[-3000:]
+        assert json.loads((tmp_path / "sweep" / str(job) / "summary.json").read_text())["optimizer_steps"] == 2
+
+
 def test_noise_grid_composes_every_arm_in_the_papers_elbo_regime(tmp_path):
     from hydra import compose, initialize_config_dir
 

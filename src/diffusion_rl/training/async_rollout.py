@@ -40,6 +40,8 @@ import queue
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -183,7 +185,8 @@ class ProcessBackend:
         worker.slots.share()
         self.proc = ctx.Process(target=_serve, args=(worker, self.inbox, self.outbox, threads), daemon=True,
                                 name="rollout-worker")
-        self.proc.start()
+        with spawn_start_method():
+            self.proc.start()
 
     def submit(self, job: Job) -> None:
         self.inbox.put(job)
@@ -207,6 +210,19 @@ class ProcessBackend:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
+
+
+@contextmanager
+def spawn_start_method() -> Iterator[None]:
+    """Python's spawn hands the child the parent's global start method, which the child then sets: inside
+    a joblib (loky) worker of a Hydra multirun that is ``loky``, which a fresh interpreter does not know,
+    and the child dies before running anything. ``spawn`` while the child starts, the caller's after."""
+    before = mp.get_start_method(allow_none=True)
+    mp.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        mp.set_start_method(before, force=True)
 
 
 class RolloutPipeline:
