@@ -4,6 +4,7 @@ in-process worker give the same run, and a run stopped and resumed equals an uni
 SIGKILL: ``tests/e2e/test_resume.py``'s slow test)."""
 
 import csv
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,7 @@ def test_resume_with_staleness_is_exact(tmp_path, at_step):
     train(compose_cfg(args, tmp_path), tmp_path / "a")
     with pytest.raises(InjectedFault):
         train(compose_cfg(args + ["fault=raise", f"fault.at_step={at_step}"], tmp_path), tmp_path / "b")
+    assert not [p for p in multiprocessing.active_children() if p.name == "rollout-worker"]  # stopped on the error too
     ckpt = torch.load(resolve_checkpoint("last", tmp_path / "b").path, weights_only=True)
     pending = ckpt["rl_state"]["pipeline"]["pending"]
     assert [p["job"] for p in pending] == [ckpt["global_step"] + 0, ckpt["global_step"] + 1]

@@ -295,7 +295,10 @@ def train(cfg: DictConfig, run_dir: str | Path, sources: Sources | None = None) 
                                    old_policy=c.run.old_policy, rollout=c.run.rollout)
         L.seed_everything(c.run.seed, workers=True, verbose=False)  # from here on the RL seed
         t_fit = time.perf_counter()
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt.path) if ckpt else None, weights_only=True)
+        finally:  # Lightning tears the module down after a fit, not after one that raised
+            module.stop_workers()
         fit_s = time.perf_counter() - t_fit
     peak = peak_host_memory_gib()
     log.info("peak host memory of process %d: %.2f GiB", trainer.global_rank, peak)

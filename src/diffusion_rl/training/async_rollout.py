@@ -305,9 +305,11 @@ class RolloutPipeline:
         self.resubmit = list(self.pending)
 
     def close(self) -> None:
+        """Stop the worker; the jobs not trained are sampled again if the pipeline goes on."""
         if self.backend is not None:
             self.backend.close()
             self.backend = None
+            self.resubmit = list(self.pending)
 
 
 def replace_net(engine: RolloutEngine, net: nn.Module) -> RolloutEngine:

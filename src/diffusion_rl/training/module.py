@@ -233,6 +233,10 @@ class DiffusionRLModule(L.LightningModule):
         self.pipeline.finish_step()
 
     def teardown(self, stage: str) -> None:
+        self.stop_workers()
+
+    def stop_workers(self) -> None:
+        """Stop the rollout worker process (``rollout.staleness > 0``); it starts again at the next batch."""
         if self.pipeline is not None:
             self.pipeline.close()
 

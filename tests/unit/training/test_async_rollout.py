@@ -29,9 +29,11 @@ def parts(tmp_path_factory):
     return build(compose_cfg(["task.prompts_per_batch=2", "task.group_size=4"], tmp_path_factory.mktemp("c")))
 
 
-@pytest.mark.parametrize("worker", ["inline", "process"])
-@pytest.mark.parametrize("k", [1, 2])
-def test_each_job_is_sampled_with_the_weights_of_step_j_minus_k(parts, worker, k):
+@pytest.mark.parametrize("worker,k,stop_at", [("inline", 1, None), ("inline", 2, None), ("process", 1, None),
+                                               ("process", 2, None), ("process", 2, 3)])
+def test_each_job_is_sampled_with_the_weights_of_step_j_minus_k(parts, worker, k, stop_at):
+    """``stop_at``: the worker is stopped before that batch (as after a failed fit) and the pipeline goes
+    on: the jobs it had not returned are sampled again, by a new worker, with their own weights."""
     c = parts
     engine = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3)
     policy = copy.deepcopy(c.bundle.net)
@@ -41,6 +43,8 @@ def test_each_job_is_sampled_with_the_weights_of_step_j_minus_k(parts, worker, k
     taken = []
     try:
         for j, items in enumerate(batches):
+            if j == stop_at:
+                pipe.close()
             out = pipe.step(j, items, policy)
             if out is None:
                 assert j < k  # the first k batches fill the pipeline
