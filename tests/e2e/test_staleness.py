@@ -110,3 +110,19 @@ def test_staleness_refuses_what_it_cannot_run_before_any_work(tmp_path, extra, m
     with pytest.raises(ConfigError, match=match):
         train(compose_cfg(RUN + ["rollout.staleness=1", *extra], tmp_path), tmp_path / "r")
     assert not (tmp_path / "cache").exists()  # refused before the warm start
+
+
+@pytest.mark.parametrize("objective", ["egspo_sa", "dtreerpo", "igpo"])
+def test_every_kind_of_rollout_crosses_to_the_trainer_whole(tmp_path, objective):
+    """A recorded trajectory with one-step values (EGSPO-SA), tree rollouts (d-TreeRPO) and rows the
+    objective revised with the worker's sampler (IGPO) come out of the worker process as the in-process
+    worker makes them: the same run."""
+    torch.set_num_threads(1)
+    args = RUN + [f"objective={objective}", "rollout.staleness=1", "trainer.max_steps=2", "eval.after=false",
+                  "trainer.checkpoint_every_n_steps=0"]
+    extra = {"egspo_sa": ["objective.K=2"], "dtreerpo": [], "igpo": ["task.pin_givens=false"]}[objective]
+    for worker in ("process", "inline"):
+        train(compose_cfg(args + extra + [f"rollout.worker={worker}"], tmp_path), tmp_path / worker)
+    assert column(tmp_path / "process", "rollout/staleness") == [0.0, 1.0]
+    ra, rb = rows(tmp_path / "process"), rows(tmp_path / "inline")
+    assert ra == rb and len(ra) == 2
