@@ -86,6 +86,33 @@ def test_batch_j_trains_min_j_k_steps_after_its_weights_and_both_workers_agree(t
     assert stale[1:] != column(sync, "train/loss")[1:]
 
 
+@pytest.mark.parametrize("objective", ["grpo", "stabledrl"])
+def test_the_old_policy_of_a_stale_batch_is_the_weights_that_sampled_it(tmp_path, monkeypatch, objective):
+    """Batch ``j`` trains with the policy's weights of RL step ``j`` against an old policy holding those of
+    step ``max(0, j - 2)``: the old policy's parameters are checked against the policy's own at that step,
+    and the ratio (on masks shared with the old policy) is exactly 1 at the first update only where the two
+    are the same weights (batch 0)."""
+    torch.set_num_threads(1)
+    seen = []  # per trained batch: (the policy's weights, the old policy's weights) as the updates begin
+    real_updates = module_mod.DiffusionRLModule._updates
+
+    def spy(self, ctx):
+        snap = lambda net: [p.detach().clone() for p in net.parameters()]
+        seen.append((snap(self.policy), snap(self.old_policy)))
+        return real_updates(self, ctx)
+
+    monkeypatch.setattr(module_mod.DiffusionRLModule, "_updates", spy)
+    args = RUN + [f"objective={objective}", "objective.share_masks_with_old=true", "rollout.staleness=2",
+                  "rollout.worker=inline", "trainer.max_steps=5", "eval.after=false", "trainer.checkpoint_every_n_steps=0"]
+    train(compose_cfg(args, tmp_path), tmp_path / "run")
+    assert len(seen) == 5
+    for j, (_, old) in enumerate(seen):
+        policy_then = seen[max(0, j - 2)][0]
+        assert all(torch.equal(a, b) for a, b in zip(old, policy_then)), j
+    log_std = column(tmp_path / "run", "ratio/log_std")
+    assert log_std[0] == 0.0 and all(v > 0 for v in log_std[1:]), log_std
+
+
 @pytest.mark.parametrize("at_step", [3, 4])
 def test_resume_with_staleness_is_exact(tmp_path, at_step):
     """Stopped by an exception after a checkpoint, resumed from it: the jobs sampled ahead are sampled

@@ -229,7 +229,9 @@ class DiffusionRLModule(L.LightningModule):
         self.record.rollout = ro
         if self.old_policy is not None:
             self.pipeline.load_version(done.version, self.old_policy)
-        self._updates(self.step_context(ro))
+        # a batch sampled with older weights than the policy's: its old log-probs are the old policy's own,
+        # never the policy's (the ratio is not 1 at the first update)
+        self._updates(self.step_context(ro, policy_is_old=done.version == self.pipeline.trained))
         self.pipeline.finish_step()
 
     def teardown(self, stage: str) -> None:
@@ -249,15 +251,17 @@ class DiffusionRLModule(L.LightningModule):
         self.record.rollout = ro
         return ro
 
-    def step_context(self, ro: Rollout) -> StepContext:
+    def step_context(self, ro: Rollout, policy_is_old: bool = True) -> StepContext:
         """The forwards the objective calls; with ``old_policy=precomputed`` every inner iteration's old
-        values are taken now, while the policy still is the old policy."""
+        values are taken now, while the policy still is the old policy. ``policy_is_old``: whether the
+        policy holds the weights that sampled ``ro`` (False only for a stale batch, with the frozen copy)."""
         ref = None
         if self.needs_ref:
             ref = logits_fn(self.ref_policy) if self.ref_policy is not None else reference_logits_fn(self.policy)
         policy = logits_fn(self.policy)
         if self.old_policy is not None:
-            return StepContext(ro, 0, self.seed, policy, logits_fn(self.old_policy), ref, policy_is_old=True)
+            return StepContext(ro, 0, self.seed, policy, logits_fn(self.old_policy), ref, policy_is_old=policy_is_old)
+        assert policy_is_old, "old log-probs taken from the policy need the policy to be the old policy"
         ctx = StepContext(ro, 0, self.seed, policy, policy, ref, policy_is_old=True)
         self.policy.eval()
         self.objective.precompute_old_logp(ctx, self.objective.cfg.mu)
