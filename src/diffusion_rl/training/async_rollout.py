@@ -72,15 +72,22 @@ class WeightSlots:
             for t in slot.values():
                 t.share_memory_()
 
+    def index(self, version: int) -> int:
+        """The slot of version ``version``."""
+        return version % len(self.slots)
+
+    def holds(self, version: int) -> bool:
+        return self.versions[self.index(version)] == version
+
     def write(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        i = version % len(self.slots)
+        i = self.index(version)
         with torch.no_grad():
             for name, t in self.slots[i].items():
                 t.copy_(tensors[name].detach())
         self.versions[i] = version
 
     def read(self, version: int) -> dict[str, torch.Tensor]:
-        i = version % len(self.slots)
+        i = self.index(version)
         if self.versions[i] != version:
             raise RuntimeError(f"weights of version {version} were overwritten (slot {i} holds {self.versions[i]})")
         return self.slots[i]
@@ -127,8 +134,8 @@ class RolloutWorker:
         start = time.perf_counter()
         idle = 0.0 if self.last_end is None else start - self.last_end
         if job.version != self.loaded:
-            i = job.version % len(self.slots.slots)
-            load_tensors(self.net, self.slots.slots[i])  # the trainer's view of the versions is not ours
+            # unchecked: in a worker process the slots' ``versions`` are the trainer's view at start-up
+            load_tensors(self.net, self.slots.slots[self.slots.index(job.version)])
             self.loaded = job.version
         ro = self.engine(job.items, self.net, job.job)
         self.last_end = time.perf_counter()
@@ -256,7 +263,7 @@ class RolloutPipeline:
         """Submit batch ``job_id`` and return the job to train on now with its metrics, or None while
         the first ``k`` jobs fill the pipeline."""
         version = self.trained
-        if self.slots.versions[version % len(self.slots.slots)] != version:
+        if not self.slots.holds(version):
             self.slots.write(version, trainable_tensors(policy))
         if self.backend is None:
             self._start(policy)
