@@ -131,8 +131,10 @@ def test_resume_with_staleness_is_exact(tmp_path, at_step):
 
 
 @pytest.mark.parametrize("extra,match", [(["old_policy=precomputed"], "takes old_policy=copy"),
-                                         (["trainer.strategy=ddp"], "one training process"),
-                                         (["trainer.devices=2"], "one training process")])
+                                         (["trainer.strategy=ddp"], "rollout.staleness=1 is invalid: trains in one process"),
+                                         (["trainer.devices=2"], "rollout.staleness=1 is invalid: trains in one process"),
+                                         (["rollout.staleness=0", "rollout.worker=ranks", "trainer.devices=2"],
+                                          "rollout.worker='ranks' is invalid: trains in one process")])
 def test_staleness_refuses_what_it_cannot_run_before_any_work(tmp_path, extra, match):
     with pytest.raises(ConfigError, match=match):
         train(compose_cfg(RUN + ["rollout.staleness=1", *extra], tmp_path), tmp_path / "r")

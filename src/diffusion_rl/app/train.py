@@ -32,7 +32,7 @@ from diffusion_rl.models.policy import ModelConfig, PolicyBundle, check_cache_su
 from diffusion_rl.rl.advantages import ADVANTAGES, AdvantageEstimator
 from diffusion_rl.rl.objectives import OBJECTIVES, Objective
 from diffusion_rl.rl.objectives.base import check_noise
-from diffusion_rl.rl.rollout import RolloutConfig, check_tree
+from diffusion_rl.rl.rollout import RolloutConfig, RolloutEngine, check_tree
 from diffusion_rl.sampling import SamplerConfig
 from diffusion_rl.sampling.block import check_block_sampler
 from diffusion_rl.sampling.uniform_sampler import check_uniform_sampler
@@ -53,6 +53,7 @@ from diffusion_rl.training.faults import FaultConfig, FaultInjector
 from diffusion_rl.training.loggers import ResumePoint, check_loggers, finish_loggers, make_loggers
 from diffusion_rl.training.module import DiffusionRLModule, OptimConfig, check_old_policy
 from diffusion_rl.training.progress import RLProgressBar
+from diffusion_rl.training.rollout_ranks import RolloutGroup, rank_device, serve_rollout_rank
 from diffusion_rl.training.strategy import make_strategy
 from diffusion_rl.training.warmstart import WarmStartConfig, warm_start
 
@@ -224,16 +225,17 @@ def build(cfg: DictConfig, meta: bool = False) -> Components:
 
 
 def check_staleness(run: RunConfig, trainer: TrainerConfig, objective: Objective) -> None:
-    """``rollout.staleness > 0`` (training/async_rollout.py): one training process, and the old policy a
-    frozen copy the sampling weights are loaded into."""
-    k = run.rollout.staleness
-    if not k:
+    """``rollout.staleness > 0`` (training/async_rollout.py) or rollout ranks: one training process, and
+    with staleness the old policy a frozen copy the sampling weights are loaded into."""
+    k, ranks = run.rollout.staleness, run.rollout.worker == "ranks"
+    if not (k or ranks):
         return
     if trainer.strategy in ("ddp", "fsdp") or trainer.num_nodes > 1 or trainer.devices not in (1, "1", "auto"):
-        raise ConfigError("rollout.staleness", k, "runs with one training process for now (rollout workers as "
-                          "ranks of their own under torchrun are not built): use rollout.staleness=0 with "
-                          f"trainer.strategy={trainer.strategy}")
-    if run.old_policy != "copy" and objective.needs_old_logp():
+        key, value = ("rollout.worker", "ranks") if ranks else ("rollout.staleness", k)
+        raise ConfigError(key, value, "trains in one process (a training group of one rank; the other ranks of a "
+                          "torchrun launch sample with rollout.worker=ranks): use rollout.staleness=0 and "
+                          f"rollout.worker=process with trainer.strategy={trainer.strategy}")
+    if k and run.old_policy != "copy" and objective.needs_old_logp():
         raise ConfigError("old_policy", run.old_policy, "rollout.staleness > 0 takes old_policy=copy (the old policy "
                           "is the sampling weights, loaded into the copy before each batch's updates)")
 
@@ -267,6 +269,21 @@ def train(cfg: DictConfig, run_dir: str | Path, sources: Sources | None = None) 
         log.info("\n".join(sources.header(cfg)))
     if c.trainer.threads:
         torch.set_num_threads(c.trainer.threads)
+    group = RolloutGroup.join() if c.run.rollout.worker == "ranks" else None
+    if group is not None and group.rank > 0:  # a rollout rank: it samples what the trainer (rank 0) sends
+        engine = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.run.rollout, c.run.seed)
+        return serve_rollout_rank(group, engine, rank_device(c.trainer.accelerator), c.run.rollout.worker_threads)
+    try:
+        return train_policy(cfg, c, run_dir, sources, group, t_start)
+    finally:  # however the run ends, the rollout ranks return
+        if group is not None:
+            group.exit()
+
+
+def train_policy(cfg: DictConfig, c: Components, run_dir: Path, sources: Sources | None,
+                 group: RolloutGroup | None, t_start: float) -> dict[str, Any]:
+    """The trainer's run (every process's under data parallelism; rank 0's with rollout ranks)."""
+    first = is_first_process()
     fault = from_dict(FaultConfig, cfg.get("fault") or {}, "fault")
     check_loggers(cfg)
     datamodule = TaskDataModule(c.task, c.run.rollout.oversample, seed=c.run.seed)
@@ -282,7 +299,7 @@ def train(cfg: DictConfig, run_dir: str | Path, sources: Sources | None = None) 
         + ([FaultInjector(fault)] if fault.kind != "none" else [])
     with expected_warnings_silenced():
         loggers = make_loggers(cfg, run_dir, ResumePoint(ckpt.global_step, ckpt.run.get("wandb_id")) if ckpt else None)
-        trainer = make_trainer(c, run_dir, loggers, callbacks)
+        trainer = make_trainer(c, run_dir, loggers, callbacks, one_process=group is not None)
         if ckpt is not None and first:  # resuming in this folder: keep the metric rows up to the checkpoint
             continue_csv_log(loggers, ckpt.global_step)
         # the run starts: everything above only checked the config
@@ -292,7 +309,7 @@ def train(cfg: DictConfig, run_dir: str | Path, sources: Sources | None = None) 
         if sources is not None:
             summary["config_sources"] = sources.record()
         module = DiffusionRLModule(c.bundle, c.task, c.objective, c.advantage, c.sampler, c.optim, c.run.seed,
-                                   old_policy=c.run.old_policy, rollout=c.run.rollout)
+                                   old_policy=c.run.old_policy, rollout=c.run.rollout, rollout_group=group)
         L.seed_everything(c.run.seed, workers=True, verbose=False)  # from here on the RL seed
         t_fit = time.perf_counter()
         try:
@@ -369,10 +386,12 @@ def peak_host_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -> L.Trainer:
+def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list, one_process: bool = False) -> L.Trainer:
     """The Lightning trainer; a value Lightning rejects (``trainer.precision=bf17``,
     ``trainer.devices=abc``, ...) is a one-line :class:`ConfigError` (:func:`rejected_by_lightning`);
-    any other error propagates with its traceback."""
+    any other error propagates with its traceback. ``one_process``: the launcher started more processes
+    than train (rollout ranks), so Lightning is not to read its world from the launcher's environment."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     t = c.trainer
@@ -382,7 +401,8 @@ def make_trainer(c: Components, run_dir: Path, loggers: list, callbacks: list) -
             max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
             strategy=strategy,
             precision=t.precision,  # type: ignore[arg-type]  # checked by Lightning, a bad value -> ConfigError below
-            logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()], enable_progress_bar=t.enable_progress_bar,
+            logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO(), *([LightningEnvironment()] if one_process else [])],
+            enable_progress_bar=t.enable_progress_bar,
             enable_model_summary=False, default_root_dir=run_dir, num_sanity_val_steps=0, log_every_n_steps=1, **t.extra,
         )
     except (MisconfigurationException, ValueError, TypeError) as err:
@@ -414,6 +434,9 @@ def rejected_by_lightning(err: BaseException) -> bool:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """A short human-readable report of a finished run."""
+    if "rollout_jobs" in summary:  # a rollout rank (rollout.worker=ranks)
+        return (f"rollout rank {summary['process']} done: {summary['rollout_jobs']} jobs sampled in "
+                f"{summary['rollout_busy_s']:.1f} s")
     if summary.get("process"):  # a data-parallel worker: the first process reports
         return f"process {summary['process']} done after {summary.get('optimizer_steps')} optimizer steps"
     lines = ["", "=" * 60, "RL run summary"]

@@ -59,7 +59,7 @@ from diffusion_rl.tasks.base import Task
 
 _GUMBEL_SALT = 0xA11
 _RESAMPLE_SALT = 0xA12  # the noise of an objective's resampled rows (RolloutTools.sample)
-ROLLOUT_WORKERS = ("process", "inline")  # rollout.worker
+ROLLOUT_WORKERS = ("process", "inline", "ranks")  # rollout.worker
 
 
 @dataclass
@@ -81,9 +81,10 @@ class RolloutConfig:
     # r - k while the trainer trains on batch r - k; 0 = the synchronous loop
     staleness: int = 0
     # where the sampler runs when staleness > 0: process (its own process, overlapping the trainer) |
-    # inline (in the trainer's process, one after the other: the same rollouts, for checks)
+    # ranks (ranks 1..R of a torchrun / srun launch of 1 + R processes, rank 0 training; at any staleness,
+    # 0 included) | inline (in the trainer's process, one after the other: the same rollouts, for checks)
     worker: str = "process"
-    worker_threads: int = 1  # torch intra-op threads of the worker process; 0 = torch's default
+    worker_threads: int = 1  # torch intra-op threads of the worker process or rank; 0 = torch's default
 
     def validate(self) -> None:
         if self.oversample < 1:

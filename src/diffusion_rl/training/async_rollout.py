@@ -18,11 +18,12 @@ version into its frozen copy before the job's updates (``old_policy=copy``), so 
 the generating weights and the objective's clipping truncates them as in the synchronous loop.
 
 The sampler runs in a worker, :class:`RolloutWorker`, which owns a copy of the network and the
-rollout engine (``rl/rollout.py``: sampling, rewards, advantages). Two backends run it:
+rollout engine (``rl/rollout.py``: sampling, rewards, advantages). Three backends run it:
 ``rollout.worker=process`` (a ``torch.multiprocessing`` spawn process with ``rollout.worker_threads``
-intra-op threads; tensors travel through shared memory) and ``rollout.worker=inline`` (the same worker
-called in the trainer's process: no overlap, the reference the process backend must equal bit for bit
-at equal thread counts). Weights travel through ``k + 1`` shared-memory slots, version ``V`` in slot
+intra-op threads; tensors travel through shared memory), ``rollout.worker=ranks`` (ranks ``1..R`` of
+a torchrun or srun launch, on a gloo process group of their own: ``training/rollout_ranks.py``) and
+``rollout.worker=inline`` (the same worker called in the trainer's process: no overlap, the reference
+the other two must equal bit for bit at equal thread counts). Weights travel through ``k + 1`` shared-memory slots, version ``V`` in slot
 ``V mod (k + 1)``: the trainer overwrites a slot only after the worker returned the last job that read
 it (job ``V - 1`` reads version ``V - k - 1``, and was trained one batch before ``V`` is written).
 
@@ -43,7 +44,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.multiprocessing as mp
@@ -115,7 +116,7 @@ class Done:
     job: int
     version: int
     rollout: Rollout
-    reward_failures: int  # the worker task's count after this job
+    reward_failures: int  # the rewards that failed in this job (the task's count went up by it)
     busy_s: float  # the job's sampling and scoring time
     idle_s: float  # the worker's wait for this job after the previous one
 
@@ -137,10 +138,11 @@ class RolloutWorker:
             # unchecked: in a worker process the slots' ``versions`` are the trainer's view at start-up
             load_tensors(self.net, self.slots.slots[self.slots.index(job.version)])
             self.loaded = job.version
+        failures = int(getattr(self.engine.task, "reward_failures", 0))
         ro = self.engine(job.items, self.net, job.job)
         self.last_end = time.perf_counter()
-        return Done(job.job, job.version, ro, int(getattr(self.engine.task, "reward_failures", 0)),
-                    self.last_end - start, idle)
+        failures = int(getattr(self.engine.task, "reward_failures", 0)) - failures
+        return Done(job.job, job.version, ro, failures, self.last_end - start, idle)
 
 
 def _serve(worker: RolloutWorker, inbox: Any, outbox: Any, threads: int) -> None:
@@ -219,6 +221,22 @@ class ProcessBackend:
             self.proc.join()
 
 
+class Backend(Protocol):
+    """Where the worker runs: jobs in (:meth:`submit`), results out in submission order (:meth:`take`)."""
+
+    def submit(self, job: Job) -> None: ...
+
+    def take(self) -> Done: ...
+
+    def close(self) -> None: ...
+
+
+class RemoteWorkers(Protocol):
+    """Workers in other processes of the launch (``training/rollout_ranks.py``'s rollout group)."""
+
+    def backend(self, slots: WeightSlots, policy: nn.Module) -> Backend: ...
+
+
 @contextmanager
 def spawn_start_method() -> Iterator[None]:
     """Python's spawn hands the child the parent's global start method, which the child then sets: inside
@@ -235,17 +253,24 @@ def spawn_start_method() -> Iterator[None]:
 class RolloutPipeline:
     """The trainer's side of the schedule (see the module docstring): :meth:`step` per training batch."""
 
-    def __init__(self, engine: RolloutEngine, staleness: int, worker: str = "process", threads: int = 1):
+    def __init__(self, engine: RolloutEngine, staleness: int, worker: str = "process", threads: int = 1,
+                 group: RemoteWorkers | None = None):
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0, not {staleness}")
-        self.engine, self.k, self.kind, self.threads = engine, staleness, worker, threads
+        if (worker == "ranks") != (group is not None):
+            raise ValueError("rollout.worker=ranks takes the rollout group of the launch, and only it does")
+        self.engine, self.k, self.kind, self.threads, self.group = engine, staleness, worker, threads, group
         self.slots = WeightSlots(engine.bundle.net, staleness + 1)
         self.trained = 0  # RL steps trained: the version of the weights now
         self.pending: deque[Job] = deque()  # submitted, not trained, in order
-        self.backend: InlineBackend | ProcessBackend | None = None
+        self.backend: Backend | None = None
         self.resubmit: list[Job] = []  # restored from a checkpoint: sampled again before the next job
 
     def _start(self, policy: nn.Module) -> None:
+        if self.group is not None:  # rollout ranks: they hold their own networks and receive its state
+            self.backend = self.group.backend(self.slots, policy)
+            self._resubmit()
+            return
         # the worker's own copy, never the policy's storage; a process gets it on the CPU (CUDA tensors
         # sent to another process stay owned by the sender) and moves it to the policy's device itself
         net = copy.deepcopy(policy).requires_grad_(False).eval()
@@ -255,6 +280,10 @@ class RolloutPipeline:
             device = next(policy.parameters()).device
             worker = RolloutWorker(replace_net(self.engine, net.cpu()), self.slots, device)
             self.backend = ProcessBackend(worker, self.threads)
+        self._resubmit()
+
+    def _resubmit(self) -> None:
+        assert self.backend is not None
         for job in self.resubmit:
             self.backend.submit(job)
         self.resubmit = []
@@ -320,7 +349,9 @@ class RolloutPipeline:
 
 
 def replace_net(engine: RolloutEngine, net: nn.Module) -> RolloutEngine:
-    """The same engine sampling with ``net``."""
+    """The same engine sampling with ``net``, counting its reward failures apart (the trainer adds each
+    job's count when it trains on the job)."""
     clone = copy.copy(engine)
     clone.bundle = replace(engine.bundle, net=net)
+    clone.task = copy.copy(engine.task)
     return clone

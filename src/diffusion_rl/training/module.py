@@ -44,7 +44,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -69,6 +69,9 @@ from diffusion_rl.training.strategy import (
     gathered,
     shard,
 )
+
+if TYPE_CHECKING:
+    from diffusion_rl.training.rollout_ranks import RolloutGroup
 
 
 @dataclass
@@ -124,7 +127,7 @@ class DiffusionRLModule(L.LightningModule):
 
     def __init__(self, bundle: PolicyBundle, task: Task, objective: Objective, advantage: AdvantageEstimator,
                  sampler: SamplerConfig, optim: OptimConfig, seed: int = 0, old_policy: str = "copy",
-                 rollout: RolloutConfig | None = None):
+                 rollout: RolloutConfig | None = None, rollout_group: RolloutGroup | None = None):
         super().__init__()
         # the configs were validated where they were read (app/train.py's build); a mode string is
         # checked here too, since an unknown one would otherwise run as "precomputed"
@@ -132,11 +135,11 @@ class DiffusionRLModule(L.LightningModule):
         self.bundle, self.task, self.objective = bundle, task, objective
         self.sampler_cfg, self.optim_cfg, self.seed = sampler, optim, seed
         self.rollouts = RolloutEngine(bundle, task, objective, advantage, sampler, rollout, seed)
-        staleness = rollout.staleness if rollout is not None else 0
         # rollout.staleness > 0: a worker samples ahead of the trainer (training/async_rollout.py; the
-        # config was checked by app/train.py's check_staleness)
-        self.pipeline = (RolloutPipeline(self.rollouts, staleness, rollout.worker, rollout.worker_threads)
-                         if rollout is not None and staleness else None)
+        # config was checked by app/train.py's check_staleness); rollout ranks sample even at staleness 0
+        self.pipeline = (RolloutPipeline(self.rollouts, rollout.staleness, rollout.worker, rollout.worker_threads,
+                                         rollout_group)
+                         if rollout is not None and (rollout.staleness or rollout_group is not None) else None)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()
         # a ratio-free objective that scores no old policy needs no frozen copy of it: the
@@ -225,7 +228,7 @@ class DiffusionRLModule(L.LightningModule):
         done, metrics = taken
         ro = done.rollout
         ro.metrics.update(metrics)
-        self.task.reward_failures = done.reward_failures
+        self.task.reward_failures += done.reward_failures
         self.record.rollout = ro
         if self.old_policy is not None:
             self.pipeline.load_version(done.version, self.old_policy)
