@@ -75,11 +75,14 @@ def test_rollout_ranks_at_staleness_0_run_the_synchronous_loop(tmp_path):
 
 
 def test_a_two_node_launch_runs_the_in_process_workers_run(tmp_path):
-    """``torchrun --nnodes=2 --nproc_per_node=1``: the trainer on one node, the rollout rank on the other."""
-    args = ARGS + ["rollout.staleness=1"]
+    """``torchrun --nnodes=2 --nproc_per_node=1``: the trainer on one node, the rollout rank on the other,
+    new weights pushed every 2 RL steps (batch j samples with those of step 2 * floor((j - 1) / 2))."""
+    args = ARGS + ["rollout.staleness=1", "rollout.push_every=2"]
     runs = torchrun(args + ["rollout.worker=ranks"], tmp_path / "ranks", nproc=1, nodes=2)
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:] + runs[1].stderr[-3000:]
     assert (tmp_path / "ranks" / "train_process_1.log").exists()  # the rollout rank logs beside the run
+    assert column(tmp_path / "ranks", "rollout/policy_version") == [0.0, 0.0, 0.0, 2.0, 2.0]
+    assert column(tmp_path / "ranks", "rollout/staleness") == [0.0, 1.0, 2.0, 1.0, 2.0]
     assert_same_run(tmp_path / "ranks", in_process(args + ["rollout.worker=inline"], tmp_path, "inline"))
 
 

@@ -235,7 +235,7 @@ def check_staleness(run: RunConfig, trainer: TrainerConfig, objective: Objective
         raise ConfigError(key, value, "trains in one process (a training group of one rank; the other ranks of a "
                           "torchrun launch sample with rollout.worker=ranks): use rollout.staleness=0 and "
                           f"rollout.worker=process with trainer.strategy={trainer.strategy}")
-    if k and run.old_policy != "copy" and objective.needs_old_logp():
+    if k + run.rollout.push_every > 1 and run.old_policy != "copy" and objective.needs_old_logp():
         raise ConfigError("old_policy", run.old_policy, "rollout.staleness > 0 takes old_policy=copy (the old policy "
                           "is the sampling weights, loaded into the copy before each batch's updates)")
 

@@ -85,6 +85,9 @@ class RolloutConfig:
     # 0 included) | inline (in the trainer's process, one after the other: the same rollouts, for checks)
     worker: str = "process"
     worker_threads: int = 1  # torch intra-op threads of the worker process or rank; 0 = torch's default
+    # the worker gets new weights every n RL steps (the staleness then reaches staleness + n - 1): for a
+    # network whose push costs more than a little staleness (rollout ranks on other nodes); 1 = every step
+    push_every: int = 1
 
     def validate(self) -> None:
         if self.oversample < 1:
@@ -93,6 +96,11 @@ class RolloutConfig:
             raise ConfigError("rollout.staleness", self.staleness, "must be >= 0 (0 = synchronous)")
         if self.worker not in ROLLOUT_WORKERS:
             raise ConfigError("rollout.worker", self.worker, f"allowed: {', '.join(ROLLOUT_WORKERS)}")
+        if self.push_every < 1:
+            raise ConfigError("rollout.push_every", self.push_every, "must be >= 1 (1 = every RL step)")
+        if self.push_every > 1 and not (self.staleness or self.worker == "ranks"):
+            raise ConfigError("rollout.push_every", self.push_every, "takes rollout.staleness >= 1 (or rollout "
+                              "ranks): the synchronous loop samples with the weights it trains")
         if self.worker_threads < 0:
             raise ConfigError("rollout.worker_threads", self.worker_threads, "must be >= 0 (0 = torch's default)")
         self.tree.validate()

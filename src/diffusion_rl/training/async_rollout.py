@@ -13,6 +13,10 @@ job ``r`` while the trainer trains on job ``r - k``. Staleness 0 is the synchron
 (``DiffusionRLModule`` does not build this pipeline then); a pipeline built at 0 runs in lockstep, which
 the tests use to check the worker, the slots and the old policy against that loop.
 
+``rollout.push_every=n`` sends the worker new weights every ``n`` RL steps only (for a large network
+whose push costs more than a little staleness): version ``V`` is then the newest multiple of ``n``,
+job ``j`` is sampled with ``n * floor(max(0, j - k) / n)`` and its staleness is at most ``k + n - 1``.
+
 The old policy of the objectives is the policy that sampled the job: the module loads the job's
 version into its frozen copy before the job's updates (``old_policy=copy``), so the ratios are against
 the generating weights and the objective's clipping truncates them as in the synchronous loop.
@@ -60,10 +64,11 @@ def trainable_tensors(net: nn.Module) -> dict[str, torch.Tensor]:
 
 
 class WeightSlots:
-    """``k + 1`` copies of the trainable tensors, version ``V`` in slot ``V mod (k + 1)``, in shared
-    memory when a process reads them."""
+    """``k + 1`` copies of the trainable tensors, version ``V`` (a multiple of ``every``, the push
+    interval) in slot ``(V / every) mod (k + 1)``, in shared memory when a process reads them."""
 
-    def __init__(self, net: nn.Module, count: int):
+    def __init__(self, net: nn.Module, count: int, every: int = 1):
+        self.every = every
         self.slots = [{n: t.detach().to("cpu", copy=True) for n, t in trainable_tensors(net).items()}
                       for _ in range(count)]
         self.versions = [-1] * count  # the version each slot holds (the trainer's view)
@@ -75,7 +80,7 @@ class WeightSlots:
 
     def index(self, version: int) -> int:
         """The slot of version ``version``."""
-        return version % len(self.slots)
+        return version // self.every % len(self.slots)
 
     def holds(self, version: int) -> bool:
         return self.versions[self.index(version)] == version
@@ -254,13 +259,14 @@ class RolloutPipeline:
     """The trainer's side of the schedule (see the module docstring): :meth:`step` per training batch."""
 
     def __init__(self, engine: RolloutEngine, staleness: int, worker: str = "process", threads: int = 1,
-                 group: RemoteWorkers | None = None):
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, not {staleness}")
+                 group: RemoteWorkers | None = None, push_every: int = 1):
+        if staleness < 0 or push_every < 1:
+            raise ValueError(f"staleness must be >= 0 and push_every >= 1, not {staleness} and {push_every}")
         if (worker == "ranks") != (group is not None):
             raise ValueError("rollout.worker=ranks takes the rollout group of the launch, and only it does")
         self.engine, self.k, self.kind, self.threads, self.group = engine, staleness, worker, threads, group
-        self.slots = WeightSlots(engine.bundle.net, staleness + 1)
+        self.every = push_every
+        self.slots = WeightSlots(engine.bundle.net, staleness + 1, push_every)
         self.trained = 0  # RL steps trained: the version of the weights now
         self.pending: deque[Job] = deque()  # submitted, not trained, in order
         self.backend: Backend | None = None
@@ -291,7 +297,7 @@ class RolloutPipeline:
     def step(self, job_id: int, items: list[dict[str, Any]], policy: nn.Module) -> tuple[Done, dict[str, float]] | None:
         """Submit batch ``job_id`` and return the job to train on now with its metrics, or None while
         the first ``k`` jobs fill the pipeline."""
-        version = self.trained
+        version = self.trained - self.trained % self.every  # the newest weights pushed
         if not self.slots.holds(version):
             self.slots.write(version, trainable_tensors(policy))
         if self.backend is None:
@@ -309,12 +315,19 @@ class RolloutPipeline:
         if done.job != expected.job:
             raise RuntimeError(f"the rollout worker returned job {done.job}, expected {expected.job}")
         gap = self.trained - done.version
-        if not 0 <= gap <= self.k:
-            raise RuntimeError(f"job {done.job} was sampled {gap} RL steps ago, beyond rollout.staleness={self.k}")
+        if not 0 <= gap <= self.bound:
+            raise RuntimeError(f"job {done.job} was sampled {gap} RL steps ago, beyond rollout.staleness={self.k} "
+                               f"(+ rollout.push_every={self.every} - 1)")
         metrics = {"rollout/staleness": float(gap), "rollout/policy_version": float(done.version),
                    "rollout/queue_len": float(len(self.pending)), "time/trainer_wait_s": wait,
                    "time/worker_busy_s": done.busy_s, "time/worker_idle_s": done.idle_s}
         return done, metrics
+
+    @property
+    def bound(self) -> int:
+        """The most RL steps a job's weights can lag the policy's: ``k``, plus ``n - 1`` when the weights
+        are pushed every ``n`` steps."""
+        return self.k + self.every - 1
 
     def finish_step(self) -> None:
         """The trainer trained on the job :meth:`step` returned: the weights are one version newer."""

@@ -138,7 +138,7 @@ class DiffusionRLModule(L.LightningModule):
         # rollout.staleness > 0: a worker samples ahead of the trainer (training/async_rollout.py; the
         # config was checked by app/train.py's check_staleness); rollout ranks sample even at staleness 0
         self.pipeline = (RolloutPipeline(self.rollouts, rollout.staleness, rollout.worker, rollout.worker_threads,
-                                         rollout_group)
+                                         rollout_group, rollout.push_every)
                          if rollout is not None and (rollout.staleness or rollout_group is not None) else None)
         self.policy = bundle.net
         copy_net = lambda: copy.deepcopy(bundle.net).requires_grad_(False).eval()

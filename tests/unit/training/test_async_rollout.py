@@ -73,24 +73,26 @@ def rollout_ranks(engine: RolloutEngine, ranks: int, tmp_path) -> Iterator[Rollo
     assert [p.exitcode for p in procs] == [0] * ranks
 
 
-@pytest.mark.parametrize("worker,k,stop_at", [("inline", 1, None), ("inline", 2, None), ("process", 1, None),
-                                               ("process", 2, None), ("process", 2, 3), ("ranks", 1, None),
-                                               ("ranks", 2, 3)])
-def test_each_job_is_sampled_with_the_weights_of_step_j_minus_k(parts, worker, k, stop_at, tmp_path):
+@pytest.mark.parametrize("worker,k,stop_at,every", [("inline", 1, None, 1), ("inline", 2, None, 1), ("process", 1, None, 1),
+                                                     ("process", 2, None, 1), ("process", 2, 3, 1), ("ranks", 1, None, 1),
+                                                     ("ranks", 2, 3, 1), ("inline", 1, None, 2), ("process", 2, 4, 3),
+                                                     ("ranks", 0, None, 2)])
+def test_each_job_is_sampled_with_the_weights_of_step_j_minus_k(parts, worker, k, stop_at, every, tmp_path):
     """``stop_at``: the worker is stopped before that batch (as after a failed fit) and the pipeline goes
     on: the jobs it had not returned are sampled again, by a new worker, with their own weights. With
-    rollout ranks (two of them), the ranks are reset and sent the trainer's state again."""
+    rollout ranks (two of them), the ranks are reset and sent the trainer's state again. ``every``: the
+    weights are pushed every that many RL steps, so job ``j`` samples with the newest multiple of it."""
     c = parts
     engine = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=3)
     with rollout_ranks(engine, 2, tmp_path) if worker == "ranks" else nullcontext() as group:
-        taken, batches, versions = run_schedule(engine, worker, k, stop_at, group)
+        taken, batches, versions = run_schedule(engine, worker, k, stop_at, group, every)
     assert [d.job for d, _ in taken] == list(range(len(batches) - k))
     net = copy.deepcopy(c.bundle.net)
     differs = 0
     for done, metrics in taken:
         j = done.job
-        assert done.version == max(0, j - k)
-        assert metrics["rollout/staleness"] == min(j, k) <= k
+        assert done.version == max(0, j - k) // every * every
+        assert metrics["rollout/staleness"] == j - done.version <= k + every - 1
         assert metrics["rollout/queue_len"] == k
         load_tensors(net, versions[done.version])
         want = engine(batches[j], net, j)
@@ -101,13 +103,14 @@ def test_each_job_is_sampled_with_the_weights_of_step_j_minus_k(parts, worker, k
     assert differs >= len(taken) - 1
 
 
-def run_schedule(engine: RolloutEngine, worker: str, k: int, stop_at: int | None, group: RolloutGroup | None):
+def run_schedule(engine: RolloutEngine, worker: str, k: int, stop_at: int | None, group: RolloutGroup | None,
+                 every: int = 1):
     """The trainer's side of ``k + 4`` batches, each RL step a large random change of the weights:
     (the jobs taken with their metrics, the batches, the weights of each version)."""
     policy = copy.deepcopy(engine.bundle.net)
     versions = [snapshot(policy)]  # version v: the weights after v RL steps
-    batches = [engine.task.splits.train[2 * j:2 * j + 2] for j in range(k + 4)]
-    pipe = RolloutPipeline(engine, k, worker, threads=torch.get_num_threads(), group=group)
+    batches = [engine.task.splits.train[2 * j:2 * j + 2] for j in range(k + 4 + every)]
+    pipe = RolloutPipeline(engine, k, worker, threads=torch.get_num_threads(), group=group, push_every=every)
     taken = []
     try:
         for j, items in enumerate(batches):
@@ -189,7 +192,9 @@ def test_the_rollout_group_meets_where_torchrun_or_srun_says():
 
 @pytest.mark.parametrize("field,value,match", [("staleness", -1, "must be >= 0"),
                                                ("worker", "thread", "allowed: process, inline, ranks"),
-                                               ("worker_threads", -2, "must be >= 0")])
+                                               ("worker_threads", -2, "must be >= 0"),
+                                               ("push_every", 0, "must be >= 1"),
+                                               ("push_every", 2, "takes rollout.staleness >= 1")])
 def test_bad_rollout_pipeline_settings_are_refused(field, value, match):
     with pytest.raises(ConfigError, match=match):
         RolloutConfig(**{field: value}).validate()
