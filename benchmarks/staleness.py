@@ -1,7 +1,8 @@
 """Wall time per RL step of bounded-staleness rollouts (``rollout.staleness=k``) against the synchronous
 loop, at the same total number of threads, in one run.
 
-    python benchmarks/staleness.py [--threads 2] [--worker-threads 1] [--staleness 1] [--steps 40] [--repeats 2] [-- overrides]
+    python benchmarks/staleness.py [--threads 2] [--worker-threads 1] [--staleness 1] [--steps 40] [--repeats 2]
+        [--worker process|ranks] [-- overrides]
 
 Arms, run alternately (sync, stale, sync, ...), each a ``src/train.py`` process of the embedded default
 job (``objective=grpo task=sudoku``, evaluations and checkpoints off) with its warm start cached before
@@ -9,7 +10,9 @@ timing:
 
 - ``sync``: ``rollout.staleness=0`` with ``trainer.threads=T``;
 - ``stale``: ``rollout.staleness=k``, the trainer on ``T - w`` threads and the rollout worker process on
-  ``w`` (``rollout.worker_threads``), so both arms use ``T`` threads in all.
+  ``w`` (``rollout.worker_threads``), so both arms use ``T`` threads in all. With ``--worker ranks`` the
+  worker is a rollout rank instead: ``torchrun --standalone --nproc_per_node=2`` starts the trainer
+  (rank 0) and one rollout rank, which receive weights and return rollouts over gloo.
 
 The figure is the median of ``time/step_s`` (a training batch's wall time: its rollout, or the wait
 for it, and its updates) over the steps after the first ``k + 2`` (the worker's start and the
@@ -49,7 +52,8 @@ FIXED = ["objective=grpo", "task=sudoku", "eval.before=false", "eval.after=false
 
 def run(out: Path, cache: Path, steps: int, extra: list[str], threads: int) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "src/train.py", *FIXED, f"trainer.max_steps={steps}", f"hydra.run.dir={out}",
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if "rollout.worker=ranks" in extra else []
+    cmd = [sys.executable, *launcher, "src/train.py", *FIXED, f"trainer.max_steps={steps}", f"hydra.run.dir={out}",
            f"paths.cache_dir={cache}", *extra]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -90,6 +94,7 @@ def main() -> None:
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--worker", choices=("process", "ranks"), default="process", help="the stale arm's worker")
     p.add_argument("--gpu-model", action="store_true", help="print the computed GPU table and stop")
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--rollout-share", type=float, default=None, help="default: gpu_phase_flops's share")
@@ -102,8 +107,8 @@ def main() -> None:
         raise SystemExit("need 0 < --worker-threads < --threads and --staleness >= 1")
     k, T, w = a.staleness, a.threads, a.worker_threads
     arms = {"sync": ([f"trainer.threads={T}"], T),
-            f"staleness={k}": ([f"rollout.staleness={k}", f"trainer.threads={T - w}", f"rollout.worker_threads={w}"],
-                               T - w)}
+            f"staleness={k}": ([f"rollout.staleness={k}", f"trainer.threads={T - w}", f"rollout.worker_threads={w}",
+                                f"rollout.worker={a.worker}"], T - w)}
     tmp = Path(tempfile.mkdtemp(prefix="staleness_"))
     skip = k + 2
     for name, (extra, threads) in arms.items():  # the warm start is cached per thread count
@@ -128,7 +133,7 @@ def main() -> None:
                   flush=True)
     mean = {name: sum(v) / len(v) for name, v in per_step.items()}
     stale = f"staleness={k}"
-    print(f"\ns per RL step at {T} threads in all: sync {mean['sync']:.3f}, {stale} ({T - w} trainer + {w} worker) "
+    print(f"\ns per RL step at {T} threads in all: sync {mean['sync']:.3f}, {stale} ({T - w} trainer + {w} {a.worker}) "
           f"{mean[stale]:.3f}; sync / {stale} = {mean['sync'] / mean[stale]:.2f}")
 
 
