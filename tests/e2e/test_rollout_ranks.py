@@ -86,11 +86,17 @@ def test_a_two_node_launch_runs_the_in_process_workers_run(tmp_path):
     assert_same_run(tmp_path / "ranks", in_process(args + ["rollout.worker=inline"], tmp_path, "inline"))
 
 
-def test_a_failed_trainer_stops_the_ranks_and_a_resume_under_torchrun_is_exact(tmp_path):
+@pytest.mark.parametrize("fault", ["raise", "kill"])
+def test_a_failed_trainer_ends_the_launch_and_a_resume_under_torchrun_is_exact(tmp_path, fault):
+    """``raise``: the trainer's exception sends the ranks home; ``kill``: SIGKILL of the trainer, and
+    torchrun stops the ranks. Either way the launch ends, and resuming from the step-2 checkpoint (which
+    holds the 2 batches sampled ahead) gives the uninterrupted run."""
     args = ARGS + ["rollout.staleness=2", "rollout.worker=ranks"]
-    failed = torchrun(args + ["fault=raise", "fault.at_step=3"], tmp_path / "b")
-    assert failed[0].returncode != 0 and "InjectedFault" in failed[0].stderr
-    assert "rollout rank 1 done" in failed[0].stdout  # the ranks returned: the launch did not hang on them
+    failed = torchrun(args + [f"fault={fault}", "fault.at_step=3"], tmp_path / "b")
+    assert failed[0].returncode != 0 and not (tmp_path / "b" / "summary.json").exists()
+    if fault == "raise":
+        assert "InjectedFault" in failed[0].stderr
+        assert "rollout rank 1 done" in failed[0].stdout  # the ranks returned: the launch did not hang on them
     resumed = torchrun(args + ["ckpt_path=last"], tmp_path / "b")
     assert [r.returncode for r in resumed] == [0], resumed[0].stderr[-3000:]
     assert_same_run(tmp_path / "b", in_process(ARGS + ["rollout.staleness=2", "rollout.worker=inline"], tmp_path, "a"))

@@ -226,5 +226,5 @@ def serve_rollout_rank(group: RolloutGroup, engine: RolloutEngine, device: torch
 def rank_device(accelerator: str) -> torch.device | None:
     """Where a rollout rank samples: its node-local GPU when the run uses GPUs, else the CPU."""
     if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK") or 0))
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or 0))
     return None
