@@ -6,7 +6,7 @@ Run: pytest tests/unit/rewards/test_answer.py -q
 
 from __future__ import annotations
 
-from diffusion_rl.rewards.answer import extract_answer
+from diffusion_rl.rewards.answer import completion_text, extract_answer
 from diffusion_rl.rewards.countdown import countdown_reward
 from diffusion_rl.rewards.gsm8k import (
     gsm8k_correctness_reward,
@@ -50,3 +50,14 @@ def test_sudoku_digits_after_a_long_answer_prefix():
     grid = "1234341221434321"
     assert parse_answer("<answer>" + JUNK + grid + "</answer>") == grid
     assert parse_answer("<answer>" + JUNK + "</answer>") == "0" * 16
+
+
+def test_the_first_close_tag_after_the_last_open_one_ends_the_answer():
+    assert extract_answer("<answer>a</answer> b </answer>") == "a"
+    assert extract_answer("<answer> a </answer>x<answer> b") == "b"  # unterminated: to the end
+
+
+def test_anything_not_text_reads_as_no_text():
+    assert extract_answer(None) == "" and completion_text(42) == "" and completion_text([]) == ""  # type: ignore[arg-type]
+    assert completion_text([{"content": None}]) == "" and completion_text([{"role": "assistant"}]) == ""
+    assert completion_text([{"content": "x"}, {"content": "y"}]) == "y"
