@@ -89,6 +89,8 @@ _ONE_PASS = "one_pass changes the cost, not the values: both scorers are tested 
 _DEFAULT_F32 = "no dtype: float32, the default, is the one given"
 _ALL_ONES = "an all-ones attention mask where there is no padding: the same logits as none"
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
+_RANDINT = "torch.randint(high, size) is torch.randint(0, high, size): the same call"
+_FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: < 0, <= 0 and < 1 read the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
     "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_22": ("r.flip(+1).cumsum(-1).flip(-1)", _AXIS_2D + " (N, T)"),
@@ -327,6 +329,30 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_51": ("(u_p <= c.p_mask_prompt)", _TIE),
     "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_98": ("(u_c <= t[..., None]) & in_blk", _TIE),
     "diffusion_rl.likelihood.elbo.xǁELBOEstimatorǁdraw__mutmut_119": ("(u_c <= t[..., None]) & sc", _TIE),
+    # likelihood/uniform_elbo.py, likelihood/one_step.py, rewards/answer.py
+    'diffusion_rl.likelihood.uniform_elbo.x_phi_exp__mutmut_24': ('torch.where(u.abs() <= 1e-3, series', 'at |u| = 1e-3 exactly the series and expm1(u) - u agree to 1e-12 relative: either branch is right there'),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁ__init____mutmut_2': ('super().__init__(cfg, None)', 'uniform noise has no mask token: the estimator never reads mask_id'),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁdraw__mutmut_47': ('torch.randint(V, (L,), generator=g)', _RANDINT),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁdraw__mutmut_52': ('dev = None', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁdraw__mutmut_55': ('keep.to(None) < alpha.to(dev)', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁdraw__mutmut_56': ('(keep.to(dev) <= alpha.to(dev)[..., None])', _TIE),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁdraw__mutmut_57': ('keep.to(dev) < alpha.to(None)', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁdraw__mutmut_58': ('return alpha.to(None), kept', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.xǁUniformELBOEstimatorǁdraw__mutmut_59': ('kept, tokens.to(None)', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_7': ('dev = None', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_9': ('alpha = torch.rand(B, 1, generator=generator).to(None)', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_24': ('torch.rand(B, L, generator=generator).to(None) < alpha', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_31': ('torch.rand(B, L, generator=generator).to(dev) <= alpha', _TIE),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_32': ('torch.randint(0, V, (B, L), generator=generator).to(None)', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_37': ('torch.randint(V, (B, L), generator=generator)', _RANDINT),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_59': ('< self_conditioned).to(None)', _CPU),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_64': ('torch.rand(B, generator=generator) <= self_conditioned', _TIE),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_67': ('target_ids.new_zeros((), dtype=None), 0', 'a long zero becomes the float sum at its first addition: the same total'),
+    'diffusion_rl.likelihood.uniform_elbo.x_denoising_loss__mutmut_69': ('target_ids.new_zeros((), ), 0', 'a long zero becomes the float sum at its first addition: the same total'),
+    'diffusion_rl.likelihood.one_step.xǁOneStepEstimatorǁ__call____mutmut_5': ('rand_rows(seeds, P, None)[0]', _CPU),
+    'diffusion_rl.likelihood.one_step.xǁOneStepEstimatorǁ__call____mutmut_8': ('rand_rows(seeds, P, )[0]', _CPU),
+    'diffusion_rl.rewards.answer.x_extract_answer__mutmut_18': ('text[start:] if end <= 0 else', _FOUND_AFTER_TAG),
+    'diffusion_rl.rewards.answer.x_extract_answer__mutmut_19': ('text[start:] if end < 1 else', _FOUND_AFTER_TAG),
 }
 
 # Kinds of equivalent mutants, recognised from the changed line alone: (what, why). A kind holds a

@@ -285,11 +285,13 @@ def reference_denoising_loss(fwd, prompt, pmask, target, seed: int, pinned, self
     return torch.stack(losses).mean() if losses else torch.zeros(())
 
 
-@pytest.mark.parametrize("case", ["some_pinned", "one_free", "all_self_conditioned"])
+@pytest.mark.parametrize("case", ["some_pinned", "one_free", "all_self_conditioned", "none_self_conditioned",
+                                  "no_pins_default_share"])
 def test_the_warm_start_loss_is_its_rule_written_out(gemma, case):
     """:func:`denoising_loss` against :func:`reference_denoising_loss`, value and gradient: a canvas and a
     part (the last canvas shorter than the others), a left-padded prompt, pinned positions; one free
-    position in the whole batch (the mean is over what is free); every row self-conditioned."""
+    position in the whole batch (the mean is over what is free); every row self-conditioned, and none;
+    no pinned positions and the default share of self-conditioned rows (one half)."""
     from diffusion_rl.likelihood.uniform_elbo import denoising_loss
 
     C, V = int(gemma.net.canvas_length), int(gemma.net.vocab_size)
@@ -302,10 +304,15 @@ def test_the_warm_start_loss_is_its_rule_written_out(gemma, case):
     if case == "one_free":
         pinned[:] = True
         pinned[2, C + 2] = False
-    share = 1.0 if case == "all_self_conditioned" else 0.5
+    share = {"all_self_conditioned": 1.0, "none_self_conditioned": 0.0}.get(case, 0.5)
     fwd = logits_fn(gemma.net)
     params = [p for p in gemma.net.parameters() if p.requires_grad]
-    got = denoising_loss(fwd, prompt, pmask, target, torch.Generator().manual_seed(11), pinned, share)
+    gen = torch.Generator().manual_seed(11)
+    if case == "no_pins_default_share":
+        got = denoising_loss(fwd, prompt, pmask, target, gen)
+        pinned = torch.zeros_like(pinned)
+    else:
+        got = denoising_loss(fwd, prompt, pmask, target, gen, pinned, share)
     got_grad = torch.autograd.grad(got, params, allow_unused=True)
     want = reference_denoising_loss(fwd, prompt, pmask, target, 11, pinned, share, V, C)
     want_grad = torch.autograd.grad(want, params, allow_unused=True)
