@@ -91,6 +91,7 @@ _ALL_ONES = "an all-ones attention mask where there is no padding: the same logi
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 _RANDINT = "torch.randint(high, size) is torch.randint(0, high, size): the same call"
 _FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: < 0, <= 0 and < 1 read the same"
+_DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
     "diffusion_rl.rl.advantages.x_mdpo_step_gains__mutmut_22": ("r.flip(+1).cumsum(-1).flip(-1)", _AXIS_2D + " (N, T)"),
@@ -360,6 +361,17 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
                              "the whitelist admits no other unary operator, and a node without .op raises, refused as invalid as before"),
     "diffusion_rl.rewards.countdown.x_countdown_score__mutmut_21": ("parsed = None if (stripped is None) and False else", "_parse_arith(None) is None"),
     "diffusion_rl.rewards.countdown.x_solve_countdown__mutmut_23": ("seen.add(None)", "the memo of failed multisets is a cost only: the search finds the same expression"),
+    # rewards/gsm8k.py
+    "diffusion_rl.rewards.gsm8k.x_gsm8k_string_correctness_reward__mutmut_1": ("gsm8k_correctness_reward(None, completions", "the prompts are not read"),
+    "diffusion_rl.rewards.gsm8k.x_normalize_number__mutmut_45": ('whole.lstrip("XX0XX")', _DIGITS_ONLY),
+    "diffusion_rl.rewards.gsm8k.x_normalize_number__mutmut_50": ('frac.rstrip("XX0XX")', _DIGITS_ONLY),
+    "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_12": ("_REASONING_TO_ANSWER_RE.search(text, )",
+                                       "the pattern starts '</', which the leading '<reasoning>' cannot hold: searching from 0 finds the same match"),
+    "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_19": ('text.rfind("</answer>", m.end()) >= 0', "find and rfind agree on whether there is one"),
+    "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_22": ('text.find("</answer>", m.end()) > 0', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_23": ('text.find("</answer>", m.end()) >= 1', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_33": ("bool(ends) and mid_at > 0 and", "the middle is searched from after the head: found, it is at >= 12"),
+    "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_34": ("bool(ends) and mid_at >= 1 and", "the middle is searched from after the head: found, it is at >= 12"),
 }
 
 # Kinds of equivalent mutants, recognised from the changed line alone: (what, why). A kind holds a

@@ -64,8 +64,7 @@ def gsm8k_gold(answer_field: str | int) -> str:
             if isinstance(answer_field, int) and not isinstance(answer_field, bool)
             else ""
         )
-    _, sep, tail = answer_field.rpartition("####")
-    return (tail if sep else answer_field).strip().replace(",", "")
+    return answer_field.rpartition("####")[2].strip().replace(",", "")  # no marker: the whole field
 
 
 def normalize_number(s: str) -> str | None:
@@ -90,12 +89,12 @@ def normalize_number(s: str) -> str | None:
     return body if sign != "-" or body == "0" else f"-{body}"
 
 
-_DEGREES = ("^{\\circ}", "^\\circ", "°")  # a degree sign, not a power
+_DEGREES = ("^{\\circ}", "^\\circ", "°")  # a degree sign, not a power: it ends the number before it
 
 
 def _last_number(text: str) -> str | None:
     for degrees in _DEGREES:
-        text = text.replace(degrees, "")
+        text = text.replace(degrees, " ")
     last = None
     for m in _NUMBER_TOKEN_RE.finditer(text):
         last = m
@@ -124,7 +123,7 @@ def extract_gsm8k_prediction(completion: str) -> str | None:
 
 
 def gsm8k_correct(completion: Any, gold: Any, strict_string: bool = False) -> bool:
-    gold_str = gsm8k_gold(gold) if isinstance(gold, str | int) else ""
+    gold_str = gsm8k_gold(gold)  # "" for a gold that is neither text nor an integer
     if not gold_str:
         return False
     if strict_string:

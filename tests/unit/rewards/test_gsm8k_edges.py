@@ -79,3 +79,9 @@ def test_a_reward_whose_scoring_raises_scores_zero_and_says_which(monkeypatch, c
         assert reward(["p"], ["<answer>5</answer>"], answer=["5"]) == [0.0]
     assert f"{reward.__name__} failed" in caplog.text
     assert reward([], None, answer=[]) == []  # no completions: nothing to score
+
+
+def test_a_degree_sign_ends_the_number_before_it():
+    assert g.extract_gsm8k_prediction("<answer>90°5</answer>") == "5"  # not 905
+    assert g.extract_gsm8k_prediction("<answer>turn 90^{\\circ}</answer>") == "90"  # a degree, not a power
+    assert g.extract_gsm8k_prediction("<answer>5^2</answer>") is None  # a power: neither base nor exponent
