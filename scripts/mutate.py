@@ -362,6 +362,8 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.countdown.x_countdown_score__mutmut_21": ("parsed = None if (stripped is None) and False else", "_parse_arith(None) is None"),
     "diffusion_rl.rewards.countdown.x_solve_countdown__mutmut_23": ("seen.add(None)", "the memo of failed multisets is a cost only: the search finds the same expression"),
     # rewards/gsm8k.py
+    "diffusion_rl.rewards.gsm8k.x__last_number__mutmut_6": ('text.replace(degrees, "XX XX")',
+                                                      "letters, like the space, are neither digits nor in the number pattern's look-arounds: the same numbers"),
     "diffusion_rl.rewards.gsm8k.x_gsm8k_string_correctness_reward__mutmut_1": ("gsm8k_correctness_reward(None, completions", "the prompts are not read"),
     "diffusion_rl.rewards.gsm8k.x_normalize_number__mutmut_45": ('whole.lstrip("XX0XX")', _DIGITS_ONLY),
     "diffusion_rl.rewards.gsm8k.x_normalize_number__mutmut_50": ('frac.rstrip("XX0XX")', _DIGITS_ONLY),
