@@ -154,3 +154,53 @@ def test_estimator_draws_the_enumerated_two_token_states():
     m = d.scored[0]  # (n, 2)
     freq = [(m == torch.tensor(s)).all(-1).float().mean().item() for s in ([True, False], [False, True], [True, True])]
     assert freq == pytest.approx([0.25, 0.25, 0.5], abs=0.03)
+
+
+# ---------------------------------------------------------------- scoring the draws
+
+
+def test_the_draws_are_scored_as_spg_averages_them_row_by_row(tiny_bundle):
+    """``sample``, ``reduce`` and a call against the rule written out row by row from the draws: each
+    row of each sample is its prompt with the drawn prompt positions masked and its completion with the
+    drawn positions masked (pinned tokens shown), one forward of that row alone; ``ELBO_k`` is the mean
+    log-prob of the scored positions, ``t_k`` the draw's, and the ELBO the mean over samples. Left-padded
+    prompts, an EOS (a hole in the completion mask), pinned tokens that are neither masked nor scored."""
+    from diffusion_rl.models.policy import logits_fn
+
+    net, mask = tiny_bundle.net.eval(), tiny_bundle.mask_token_id
+    g = torch.Generator().manual_seed(3)
+    prompt, comp = torch.randint(3, 30, (3, 5), generator=g), torch.randint(3, 30, (3, 8), generator=g)
+    pmask, cmask = torch.ones_like(prompt), torch.ones_like(comp)
+    pmask[1, :2] = 0
+    cmask[2, 6:] = 0
+    pinned = torch.zeros_like(comp, dtype=torch.bool)
+    pinned[0, [1, 6]] = True
+    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=3, block_length=4, p_mask_prompt=0.3), mask)
+    fwd, seeds = logits_fn(net), [5, 6, 7]
+    with torch.no_grad():
+        s = est.sample(fwd, prompt, pmask, comp, cmask, seeds, pinned)
+        elbo = est(fwd, prompt, pmask, comp, cmask, seeds, pinned)
+        d = est.draw(seeds, pmask, cmask)
+        want, counted = torch.zeros(3, 3), 0
+        for k in range(3):
+            for b in range(3):
+                ids_p = torch.where(d.prompt_hit[k, b], mask, prompt[b])
+                ids_c = torch.where(d.noised[k, b] & ~pinned[b], mask, comp[b])
+                attn = torch.cat([pmask[b], torch.ones(8, dtype=pmask.dtype)])[None]
+                logp = fwd(torch.cat([ids_p, ids_c])[None], attn)[0, 5:].float().log_softmax(-1)
+                lp = logp.gather(-1, comp[b, :, None])[:, 0]
+                scored = d.scored[k, b] & ~pinned[b]
+                assert torch.equal(s.masked[k, b], scored)
+                assert torch.allclose(s.token_logps[k, b][scored], lp[scored], atol=1e-5)
+                want[k, b] = lp[scored].mean() if scored.any() else 0.0
+                counted += int(scored.any())
+    assert counted >= 8 and torch.equal(s.t, d.t)
+    assert torch.allclose(est.reduce(s), want.mean(0), atol=1e-5) and torch.allclose(elbo, want.mean(0), atol=1e-5)
+    assert bool((d.scored & pinned).any())  # a pinned position was drawn: the pins did act
+
+
+def test_the_samplers_log_probs_are_averaged_over_the_completion():
+    est = SPGBlocksEstimator(SPGBlocksConfig(), MASK)
+    logp = torch.tensor([[-1.0, -2.0, -3.0, -4.0], [-0.5, -0.5, -9.0, -9.0]])
+    cmask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert torch.allclose(est.sampler_units(logp, cmask), torch.tensor([-2.5, -0.5]))
