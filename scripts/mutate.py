@@ -361,6 +361,26 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
                              "the whitelist admits no other unary operator, and a node without .op raises, refused as invalid as before"),
     "diffusion_rl.rewards.countdown.x_countdown_score__mutmut_21": ("parsed = None if (stripped is None) and False else", "_parse_arith(None) is None"),
     "diffusion_rl.rewards.countdown.x_solve_countdown__mutmut_23": ("seen.add(None)", "the memo of failed multisets is a cost only: the search finds the same expression"),
+    # likelihood/spg_blocks.py
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁchoose_blocks__mutmut_19": ("clamp(max=m + 1)", "u < 1, so floor(u * m) <= m - 1 already: neither clamp acts"),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁchoose_blocks__mutmut_9": ("perm_keys.argsort(+1)", _AXIS_2D + " (B, n)"),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_106": ("(u_noise <= c.p_mask_prompt)", _TIE),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_134": ("(u_prompt <= c.p_mask_prompt)", _TIE),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_129": ("cm.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_19": ("rand_rows(seeds, n + K * per, None)[0]", _CPU),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_22": ("rand_rows(seeds, n + K * per, )[0]", _CPU),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_78": ("torch.full_like(pos, +1)).amax(-1)",
+                           "differs only for a row with no completion token, where every position is masked and none scored "
+                           "whichever block is chosen"),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_79": ("torch.full_like(pos, -2)).amax(-1)", "a row's largest completion position is >= 0: -1 and -2 lose alike"),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_80": ("torch.full_like(pos, -1)).amax(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁmask_in_block__mutmut_38": ("torch.full_like(u_place, 3.0)", "any key above 1 ranks a position after every uniform"),
+    # likelihood/complementary.py
+    "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁ__call____mutmut_80": ("select=None).view(3, B, L)", _SELECT),
+    "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁ__call____mutmut_86": ("                       ).view(3, B, L)", _SELECT),
+    "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁdraw__mutmut_40": ("(u[:, 1:1 + P] <= c.p_mask_prompt)", _TIE),
+    "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁdraw__mutmut_6": ("rand_rows(seeds, 1 + P + L, None)[0]", _CPU),
+    "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁdraw__mutmut_9": ("rand_rows(seeds, 1 + P + L, )[0]", _CPU),
     # rewards/gsm8k.py
     "diffusion_rl.rewards.gsm8k.x__last_number__mutmut_6": ('text.replace(degrees, "XX XX")',
                                                       "letters, like the space, are neither digits nor in the number pattern's look-arounds: the same numbers"),

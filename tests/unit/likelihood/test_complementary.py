@@ -159,3 +159,61 @@ def test_prompt_masking_is_shared_by_the_three_copies():
     est(fwd, prompt, pmask, comp, cmask, mask_seeds(0, 1, 8, 0))
     p = seen[0].view(3, 8, -1)[:, :, :4] == MASK
     assert bool(p.any()) and torch.equal(p[0], p[1]) and torch.equal(p[0], p[2])
+
+
+@pytest.mark.parametrize("t_per", ["batch", "sample"])
+def test_the_three_copies_written_out_row_by_row(tiny_bundle, t_per):
+    """Each row's three copies built by hand from the draw (every token masked; those with u < t; the
+    others), each a forward of that row alone with its own attention mask, combined by DiffuCoder's
+    weights: a left-padded prompt (its padding unseen), masked prompt tokens, pinned tokens shown in every
+    copy and scored in none."""
+    from diffusion_rl.models.policy import logits_fn
+
+    net, mask = tiny_bundle.net.eval(), tiny_bundle.mask_token_id
+    g = torch.Generator().manual_seed(4)
+    prompt, comp = torch.randint(3, 30, (3, 5), generator=g), torch.randint(3, 30, (3, 6), generator=g)
+    pmask = torch.ones_like(prompt)
+    pmask[2, :2] = 0
+    pinned = torch.zeros_like(comp, dtype=torch.bool)
+    pinned[1, [0, 4]] = True
+    est = ComplementaryEstimator(ComplementaryConfig(p_mask_prompt=0.4, t_per=t_per), mask)
+    fwd, seeds = logits_fn(net), [21, 22, 23]
+    with torch.no_grad():
+        got = est(fwd, prompt, pmask, comp, torch.ones_like(comp), seeds, pinned)
+        d = est.draw(seeds, pmask, 6)
+        for b in range(3):
+            ids_p = torch.where(d.prompt_hit[b], mask, prompt[b])
+            attn = torch.cat([pmask[b], torch.ones(6, dtype=pmask.dtype)])[None]
+            lp = []
+            for hide in (torch.ones(6, dtype=torch.bool), d.half[b], ~d.half[b]):
+                ids_c = torch.where(hide & ~pinned[b], mask, comp[b])
+                logp = fwd(torch.cat([ids_p, ids_c])[None], attn)[0, 5:].float().log_softmax(-1)
+                lp.append(logp.gather(-1, comp[b, :, None])[:, 0])
+            t = float(d.t[b])
+            want = 0.5 * (lp[0] + torch.where(d.half[b], lp[1] / t, lp[2] / (1 - t)))
+            want = torch.where(pinned[b], 0.0, want)
+            assert torch.allclose(got[b], want, atol=1e-5), b
+    assert bool(d.prompt_hit.any()) and bool(d.half.any()) and bool((~d.half).any())
+
+
+def test_t_and_the_prompt_mask_come_from_different_uniforms():
+    """t_per=sample: each row's t and its first prompt position's mask are uncorrelated over many rows."""
+    est = ComplementaryEstimator(ComplementaryConfig(p_mask_prompt=0.5, t_per="sample"), MASK)
+    n = 4000
+    d = est.draw(list(range(n)), torch.ones(n, 3, dtype=torch.long), 4)
+    corr = float(torch.corrcoef(torch.stack([d.t.float(), d.prompt_hit[:, 0].float()]))[0, 1])
+    assert abs(corr) < 4 / n ** 0.5
+
+
+@pytest.mark.parametrize("field,value,ok", [("t_min", 0.0, False), ("t_min", 1.0, False), ("t_min", 1.5, False),
+                                            ("t_max", 1.0, False), ("t_max", 1.5, False), ("t_per", "row", False),
+                                            ("t_min", 0.5, True)])
+def test_its_settings_are_checked_at_their_edges(field, value, ok):
+    from diffusion_rl.core.errors import ConfigError
+
+    cfg = ComplementaryConfig(**{field: value, **({"t_max": max(value, 0.5)} if field == "t_min" and value < 1 else {})})
+    if ok:
+        cfg.validate()
+    else:
+        with pytest.raises(ConfigError, match=f"likelihood.{field}"):
+            cfg.validate()

@@ -204,3 +204,37 @@ def test_the_samplers_log_probs_are_averaged_over_the_completion():
     logp = torch.tensor([[-1.0, -2.0, -3.0, -4.0], [-0.5, -0.5, -9.0, -9.0]])
     cmask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
     assert torch.allclose(est.sampler_units(logp, cmask), torch.tensor([-2.5, -0.5]))
+
+
+def test_the_masked_count_spans_its_range_and_the_draws_are_independent():
+    """Over many rows, one block of 8 completion positions: with t_min = 0.5, t_max = 0.75 the masked
+    count takes every value of [floor(8 * 0.5), floor(8 * 0.75)] = [4, 6] and no other; in uniform block
+    choice the chosen block, the count and the first prompt position's mask come from different uniforms
+    (their correlations are within sampling noise of 0)."""
+    est = SPGBlocksEstimator(SPGBlocksConfig(num_samples=1, block_length=8, t_min=0.5, t_max=0.75,
+                                             block_choice="uniform", p_mask_prompt=0.5), MASK)
+    n = 4000
+    d = est.draw(list(range(n)), torch.ones(n, 2, dtype=torch.long), torch.ones(n, 16, dtype=torch.long))
+    in_first = d.block[0] == 0
+    counts = ((d.scored[0, :, :8]) & in_first[:, None]).sum(-1)[in_first]  # block 0 chosen: its own count
+    assert set(counts.tolist()) == {4, 5, 6}
+    count = torch.where(in_first, d.scored[0, :, :8].sum(-1), d.scored[0, :, 8:].sum(-1)).float()
+    block, hit = d.block[0].float(), d.prompt_hit[0, :, 0].float()
+    corr = lambda a, b: float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    bound = 4 / n ** 0.5  # four standard errors of a correlation of independent draws
+    assert abs(corr(block, count)) < bound and abs(corr(count, hit)) < bound and abs(corr(block, hit)) < bound
+
+
+@pytest.mark.parametrize("field,value,ok", [("t_min", 1.0, True), ("t_min", 1.5, False), ("t_max", 1.5, False),
+                                            ("block_length", 1, True), ("block_length", 0, False),
+                                            ("block_choice", "random", False)])
+def test_its_settings_are_checked_at_their_edges(field, value, ok):
+    from diffusion_rl.core.errors import ConfigError
+
+    cfg = SPGBlocksConfig(**{field: value, **({"t_max": 1.0} if field == "t_min" else {})})
+    if ok:
+        cfg.validate()
+    else:
+        with pytest.raises(ConfigError, match=f"likelihood.{field}"):
+            cfg.validate()
+    SPGBlocksConfig(t_min=0.3, t_max=0.3).validate()  # an interval of one point
