@@ -91,6 +91,7 @@ _ALL_ONES = "an all-ones attention mask where there is no padding: the same logi
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 _RANDINT = "torch.randint(high, size) is torch.randint(0, high, size): the same call"
 _FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: < 0, <= 0 and < 1 read the same"
+_MEAN_NO_T = "the 'mean' reduction averages the scored log-probs and reads no masking rate"
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -375,6 +376,11 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_79": ("torch.full_like(pos, -2)).amax(-1)", "a row's largest completion position is >= 0: -1 and -2 lose alike"),
     "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁdraw__mutmut_80": ("torch.full_like(pos, -1)).amax(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁmask_in_block__mutmut_38": ("torch.full_like(u_place, 3.0)", "any key above 1 ranks a position after every uniform"),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁreduce__mutmut_3": ("s.masked, None, \"mean\")", _MEAN_NO_T),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁsampler_units__mutmut_3": ("                           None, \"mean\")", _MEAN_NO_T),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁsampler_units__mutmut_10": ("torch.ones_like(token_logp[None, :, 1])", _MEAN_NO_T),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁsample__mutmut_74": ("select=None).view(K, B, L)", _SELECT),
+    "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁsample__mutmut_80": ("                          ).view(K, B, L)", _SELECT),
     # likelihood/complementary.py
     "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁ__call____mutmut_80": ("select=None).view(3, B, L)", _SELECT),
     "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁ__call____mutmut_86": ("                       ).view(3, B, L)", _SELECT),

@@ -215,5 +215,5 @@ def test_its_settings_are_checked_at_their_edges(field, value, ok):
     if ok:
         cfg.validate()
     else:
-        with pytest.raises(ConfigError, match=f"likelihood.{field}"):
+        with pytest.raises(ConfigError, match=f"^likelihood\\.{field}="):
             cfg.validate()

@@ -235,6 +235,6 @@ def test_its_settings_are_checked_at_their_edges(field, value, ok):
     if ok:
         cfg.validate()
     else:
-        with pytest.raises(ConfigError, match=f"likelihood.{field}"):
+        with pytest.raises(ConfigError, match=f"^likelihood\\.{field}="):
             cfg.validate()
     SPGBlocksConfig(t_min=0.3, t_max=0.3).validate()  # an interval of one point
