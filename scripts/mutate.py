@@ -91,6 +91,7 @@ _ALL_ONES = "an all-ones attention mask where there is no padding: the same logi
 _TIE = "< and <= differ only where a uniform number equals the rate exactly, which no test's seed draws"
 _RANDINT = "torch.randint(high, size) is torch.randint(0, high, size): the same call"
 _FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: < 0, <= 0 and < 1 read the same"
+_COST_ONLY = "chunks under checkpointing give the values and gradients of one pass (a test checks it): a cost only"
 _MEAN_NO_T = "the 'mean' reduction averages the scored log-probs and reads no masking rate"
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
@@ -381,6 +382,23 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁsampler_units__mutmut_10": ("torch.ones_like(token_logp[None, :, 1])", _MEAN_NO_T),
     "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁsample__mutmut_74": ("select=None).view(K, B, L)", _SELECT),
     "diffusion_rl.likelihood.spg_blocks.xǁSPGBlocksEstimatorǁsample__mutmut_80": ("                          ).view(K, B, L)", _SELECT),
+    # likelihood/left_to_right.py
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_1": ("rows_per_forward: int = 1)", _COST_ONLY),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_69": ("if rows_per_forward or torch.is_grad_enabled():", _COST_ONLY),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_14": ("pos.new_zeros(2)", "the empty path never reads pos"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_20": ("torch.ones(L, dtype=torch.bool, device=completion.device), select", "the row that keeps an empty result on the graph is multiplied by 0: any shape that broadcasts, any position of it, gives the same zeros and zero gradient"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_21": ("torch.ones(1, dtype=torch.bool, device=completion.device), select", "the row that keeps an empty result on the graph is multiplied by 0: any shape that broadcasts, any position of it, gives the same zeros and zero gradient"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_24": ("torch.ones(2, L, dtype=torch.bool, device=completion.device), select", "the row that keeps an empty result on the graph is multiplied by 0: any shape that broadcasts, any position of it, gives the same zeros and zero gradient"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_29": ("select.new_zeros(2, L)", "the row that keeps an empty result on the graph is multiplied by 0: any shape that broadcasts, any position of it, gives the same zeros and zero gradient"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_31": ("select[:, 1] = True", "the row that keeps an empty result on the graph is multiplied by 0: any shape that broadcasts, any position of it, gives the same zeros and zero gradient"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_80": ("device=lp.device) - 0.0 * lp.sum()", "the row that keeps an empty result on the graph is multiplied by 0: any shape that broadcasts, any position of it, gives the same zeros and zero gradient"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_89": ("device=lp.device) + 0.0 / lp.sum()", "0 / x with x a log-prob (< 0): the same zero, of zero gradient"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_35": ("        empty = None", _NONE_FALSE),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_52": ("mask_id).sum(+1)", _AXIS_2D + " (m, L)"),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_83": ("torch.zeros(n, L, dtype=None, device=lp.device) + 0.0", _DEFAULT_F32),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_87": ("torch.zeros(n, L, device=lp.device) + 0.0", _DEFAULT_F32),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_97": ("torch.zeros(n, L, dtype=None, device=lp.device).index_put", _DEFAULT_F32),
+    "diffusion_rl.likelihood.left_to_right.x_left_to_right_logps__mutmut_101": ("torch.zeros(n, L, device=lp.device).index_put", _DEFAULT_F32),
     # likelihood/complementary.py
     "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁ__call____mutmut_80": ("select=None).view(3, B, L)", _SELECT),
     "diffusion_rl.likelihood.complementary.xǁComplementaryEstimatorǁ__call____mutmut_86": ("                       ).view(3, B, L)", _SELECT),
