@@ -118,11 +118,21 @@ def has_adapter(net: nn.Module) -> bool:
 
 
 class ReferenceForward(PolicyForward):
-    """The base model under a LoRA policy: :class:`PolicyForward` with the adapters switched off."""
+    """The base model under a LoRA policy: :class:`PolicyForward` with the adapters switched off.
+
+    Every module leaves in the training mode it came in with. peft (0.22) sets an adapter's dropout to its
+    layer's mode when it switches the adapter back on, which undid ``dropout_disabled`` halfway through an
+    update: the policy's forward ran without LoRA dropout, the recomputation of its checkpointed layers in
+    the backward with it, and torch's checkpoint refused the mismatch."""
 
     def run(self, **kwargs: Any) -> Any:
-        with self.net.disable_adapter():  # type: ignore[operator]
-            return self.net(**kwargs)
+        modes = [(m, m.training) for m in self.net.modules()]
+        try:
+            with self.net.disable_adapter():  # type: ignore[operator]
+                return self.net(**kwargs)
+        finally:
+            for m, training in modes:
+                m.training = training
 
 
 def reference_logits_fn(net: nn.Module) -> PolicyForward:

@@ -230,6 +230,40 @@ def test_lora_reference_is_the_base_model_without_a_copy(tmp_path, hf_path):
     assert not torch.allclose(ref, pol)
 
 
+@needs_peft
+def test_reference_forward_leaves_dropout_off_for_the_checkpointed_backward(tmp_path, hf_path):
+    """An update runs the policy's forward, the reference's (adapters off) and the backward, all with
+    dropout off; the backward recomputes the checkpointed layers, which must see the forward's modes."""
+    from diffusion_rl.models.adapters import reference_logits_fn
+    from diffusion_rl.models.policy import dropout_disabled, logits_fn
+
+    cfg = ModelConfig(name="hf", path=str(hf_path), lora_r=4, lora_dropout=0.5, gradient_checkpointing=True)
+    net = build_policy(cfg).net.train()
+    modes = {name: m.training for name, m in net.named_modules()}
+    assert sum(isinstance(m, torch.nn.Dropout) and m.training for m in net.modules()) > 0  # LoRA's dropout
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+
+    def gradient(with_reference: bool) -> dict[str, torch.Tensor]:
+        net.zero_grad()
+        with dropout_disabled(net):
+            logits = logits_fn(net)(ids, None)
+            if with_reference:
+                with torch.no_grad():
+                    reference_logits_fn(net)(ids, None)
+                # no module changed mode, dropout included
+                assert {name: m.training for name, m in net.named_modules()} == {
+                    name: m.training and not isinstance(m, torch.nn.Dropout) for name, m in net.named_modules()
+                }
+            (logits.log_softmax(-1)[..., 3].sum()).backward()
+        return {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+
+    alone, beside = gradient(False), gradient(True)
+    assert alone.keys() == beside.keys() and any("lora" in n for n in alone)
+    for name in alone:
+        torch.testing.assert_close(beside[name], alone[name], msg=name)  # dropout off in both passes
+    assert {name: m.training for name, m in net.named_modules()} == modes  # back on after the update
+
+
 # ---- old_policy=copy vs cached -------------------------------------------------------------------
 
 
