@@ -107,8 +107,14 @@ class EvalConfig:
     # cache, stop_after_eos); false: the exact low-confidence sampler of docs/methods.md §2, so runs
     # with different rollout samplers share one protocol
     fast_sampler: bool = False
+    # keys the random numbers an evaluation still draws (the uniform-noise sampler's canvases, random
+    # remasking; greedy masked decoding draws none): another key is another draw of the same evaluation,
+    # which measures how far the held-out metrics move with them alone
+    noise_key: int = 0
 
     def validate(self) -> None:
+        if self.noise_key < 0:
+            raise ConfigError("eval.noise_key", self.noise_key, "must be >= 0")
         if self.every_n_steps < 0:
             raise ConfigError("eval.every_n_steps", self.every_n_steps, "must be >= 0 (0 = only before and after)")
         if self.batch_size < 1:
@@ -342,7 +348,7 @@ def make_periodic_eval(c: Components, datamodule: TaskDataModule, test_items: li
     sampler = c.sampler if ev.fast_sampler else c.sampler.as_exact()
     return PeriodicEval(c.task, test_items, sampler, ev.batch_size, ev.every_n_steps, before=ev.before,
                         after=ev.after, periodic_items=datamodule.validation_items(),
-                        progress=c.trainer.enable_progress_bar)
+                        progress=c.trainer.enable_progress_bar, noise_key=ev.noise_key)
 
 
 def checkpoint_callback(t: TrainerConfig, run_dir: Path, record: RunRecord) -> RunCheckpoint:

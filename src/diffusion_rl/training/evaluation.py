@@ -35,11 +35,12 @@ _EVAL_SALT = 0xE7A1
 @torch.no_grad()
 def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerConfig, batch_size: int,
                    rows: list[int] | None = None, desc: str | None = None,
-                   canvas: torch.Tensor | None = None) -> list[str]:
+                   canvas: torch.Tensor | None = None, noise_key: int = 0) -> list[str]:
     """Completions of ``prompts``, ``batch_size`` at a time; ``canvas`` (N, L): each one's pinned tokens
-    (``Task.canvas``), or None. ``rows``: each prompt's id, which keys its random numbers (the
-    remasking order of ``remasking=random``; greedy decoding draws none); None: its index here. A
-    completion does not depend on ``batch_size`` through them."""
+    (``Task.canvas``), or None. ``rows``: each prompt's id, which with ``noise_key`` keys its random
+    numbers (the remasking order of ``remasking=random``, a uniform-noise sampler's canvases and draws;
+    greedy decoding draws none); None: its index here. A completion does not depend on ``batch_size``
+    through them."""
     rows = list(range(len(prompts))) if rows is None else rows
     net = bundle.net
     was_training = net.training
@@ -50,7 +51,7 @@ def generate_texts(bundle: PolicyBundle, prompts: list[str], sampler: SamplerCon
     with gathered(net):  # FSDP: one all-gather for every batch below; a no-op otherwise
         for s in tqdm(starts, desc=desc, disable=desc is None, leave=False):
             ids, mask = encode_prompts(bundle.tokenizer, prompts[s : s + batch_size], device, bundle.block_size)
-            noise = RowNoise([mix_seed(_EVAL_SALT, r) for r in rows[s : s + batch_size]])
+            noise = RowNoise([mix_seed(_EVAL_SALT + noise_key, r) for r in rows[s : s + batch_size]])
             res = sample(bundle, ids, mask, sampler, noise,
                          canvas=None if canvas is None else canvas[s : s + batch_size].to(device))
             out += decode_completions(bundle.tokenizer, res.completion, bundle.eos_token_id)
@@ -66,8 +67,11 @@ def _group() -> tuple[int, int]:
 
 
 def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: SamplerConfig,
-             batch_size: int, desc: str | None = "evaluating") -> tuple[dict[str, float], list[dict[str, Any]]]:
+             batch_size: int, desc: str | None = "evaluating",
+             noise_key: int = 0) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy (``temperature = 0``) generations, the task's metrics, and one record per item.
+    ``noise_key`` (``eval.noise_key``) keys the random numbers a sampler still draws at temperature 0
+    (random remasking, a uniform-noise sampler): another key is another draw of the same evaluation.
 
     With several processes every process must call it (each generates its share of ``items``); all
     return the same metrics, the first process the records (the others an empty list)."""
@@ -76,7 +80,8 @@ def evaluate(bundle: PolicyBundle, task, items: list[dict[str, Any]], sampler: S
     mine = items[rank::world]
     canvas = task.canvas(mine, bundle.tokenizer, greedy.gen_length, bundle.mask_token_id) if mine else None
     texts = generate_texts(bundle, [task.prompt(it) for it in mine], greedy, batch_size,
-                           rows=list(range(rank, len(items), world)), desc=desc if rank == 0 else None, canvas=canvas)
+                           rows=list(range(rank, len(items), world)), desc=desc if rank == 0 else None, canvas=canvas,
+                           noise_key=noise_key)
     if world > 1:  # every process's completions, back in item order
         parts: list[list[str]] = [[] for _ in range(world)]
         dist.all_gather_object(parts, texts)
@@ -118,8 +123,9 @@ class PeriodicEval(L.Callback):
 
     def __init__(self, task, items: list[dict[str, Any]], sampler: SamplerConfig, batch_size: int,
                  every_n_steps: int, before: bool = True, after: bool = True,
-                 periodic_items: list[dict[str, Any]] | None = None, progress: bool = False):
+                 periodic_items: list[dict[str, Any]] | None = None, progress: bool = False, noise_key: int = 0):
         self.task, self.items, self.sampler, self.batch_size = task, items, sampler, batch_size
+        self.noise_key = noise_key
         self.every_n_steps, self.do_before, self.do_after, self.progress = every_n_steps, before, after, progress
         self.periodic_items = items if periodic_items is None else periodic_items
         self.prefix = "eval" if periodic_items is None else "val"
@@ -139,7 +145,7 @@ class PeriodicEval(L.Callback):
 
     def _run(self, pl_module, items: list[dict[str, Any]], desc: str) -> tuple[dict[str, float], list[dict[str, Any]]]:
         return evaluate(pl_module.bundle, self.task, items, self.sampler, self.batch_size,
-                        desc if self.progress else None)
+                        desc if self.progress else None, self.noise_key)
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.global_step == 0:  # a resumed run evaluated these already
