@@ -308,6 +308,27 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.sampling.block.x__revise_block__mutmut_25": ('edit = edits(logits, cand, blk, live, None, cfg)', "revision runs on a full block: no mask is left to compare with"),
     "diffusion_rl.sampling.block.x__revise_block__mutmut_35": ('            return', "nothing follows the loop: return and break end the same"),
     "diffusion_rl.sampling.block.x_check_block_sampler__mutmut_5": ('num_blocks = cfg.gen_length / block_size', "a float count of blocks divides steps and compares with 1 as the integer count does"),
+    # sampling/entropy_bound.py
+    "diffusion_rl.sampling.entropy_bound.x_accept_mask__mutmut_6": ("torch.sort(entropy, descending=False)", "torch.sort's default dim is -1"),
+    "diffusion_rl.sampling.entropy_bound.x_accept_mask__mutmut_7": ("torch.sort(entropy, dim=-1, )", "torch.sort's default is ascending"),
+    "diffusion_rl.sampling.entropy_bound.x_accept_mask__mutmut_8": ("torch.sort(entropy, dim=+1, descending=False)", _AXIS_2D + " (B, C)"),
+    "diffusion_rl.sampling.entropy_bound.x_accept_mask__mutmut_14": ("sorted_entropy.cumsum(+1)", _AXIS_2D + " (B, C)"),
+    "diffusion_rl.sampling.entropy_bound.x_accept_mask__mutmut_24": ("torch.zeros_like(keep).scatter(+1, order, keep)", _AXIS_2D + " (B, C)"),
+    "diffusion_rl.sampling.entropy_bound.x_step_temperature__mutmut_3": (
+        "torch.tensor(remaining, dtype=None)", "an int64 step counter divided by the int steps: the same float32 as int32's"),
+    "diffusion_rl.sampling.entropy_bound.x_step_temperature__mutmut_5": (
+        "torch.tensor(remaining, )", "an int64 step counter divided by the int steps: the same float32 as int32's"),
+    "diffusion_rl.sampling.entropy_bound.xǁStableAndConfidentǁ__call____mutmut_15": ("-1, dtype=None, device=argmax.device)", _INT_FILL),
+    "diffusion_rl.sampling.entropy_bound.xǁStableAndConfidentǁ__call____mutmut_19": ("-1, device=argmax.device)", _INT_FILL),
+    "diffusion_rl.sampling.entropy_bound.xǁStableAndConfidentǁ__call____mutmut_22": (
+        "-2, dtype=argmax.dtype, device=argmax.device)", "no token id is negative: -1 and -2 match no canvas alike"),
+    "diffusion_rl.sampling.entropy_bound.xǁStableAndConfidentǁ__call____mutmut_37": (
+        "torch.roll(self.history, shifts=+1, dims=0)",
+        "from the all -1 start, rolling the other way and writing the last slot still keeps the newest canvases "
+        "(in another order), and the check compares each kept canvas alike"),
+    "diffusion_rl.sampling.entropy_bound.xǁStableAndConfidentǁ__call____mutmut_46": ("mean = entropy.mean(+1)", _AXIS_2D + " (B, C)"),
+    "diffusion_rl.sampling.entropy_bound.xǁStableAndConfidentǁ__call____mutmut_52": ("(entropy * free).sum(+1)", _AXIS_2D + " (B, C)"),
+    "diffusion_rl.sampling.entropy_bound.xǁStableAndConfidentǁ__call____mutmut_56": ("free.sum(+1).clamp_min(1)", _AXIS_2D + " (B, C)"),
     "diffusion_rl.likelihood.trajectory.x_replay_logps__mutmut_46": ("attn = None if (bool(prompt_mask.all())) and False else", _ALL_ONES),
     "diffusion_rl.likelihood.trajectory.x_replay_logps__mutmut_48": ("attn = None if bool(None) else", _ALL_ONES),
     # likelihood/elbo.py
