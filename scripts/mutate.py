@@ -308,6 +308,13 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.sampling.block.x__revise_block__mutmut_25": ('edit = edits(logits, cand, blk, live, None, cfg)', "revision runs on a full block: no mask is left to compare with"),
     "diffusion_rl.sampling.block.x__revise_block__mutmut_35": ('            return', "nothing follows the loop: return and break end the same"),
     "diffusion_rl.sampling.block.x_check_block_sampler__mutmut_5": ('num_blocks = cfg.gen_length / block_size', "a float count of blocks divides steps and compares with 1 as the integer count does"),
+    # sampling/uniform_trajectory.py
+    "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁ_over_completion__mutmut_12": ("L, dtype=dtype, device=None)", _CPU),
+    "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁ_over_completion__mutmut_17": ("L, dtype=dtype, )", _CPU),
+    "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁ_over_completion__mutmut_18": ("if (self.accepted) and False else None)", _CPU),
+    "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁgreedy_completion__mutmut_9": (
+        "self.greedy[s].to(None)", "assigning into a slice of out casts to out's dtype: the explicit cast changes nothing"),
+    "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁposition_logps__mutmut_3": ("self._over_completion(self.token_logps, L, None)", _DEFAULT_F32),
     # sampling/entropy_bound.py
     "diffusion_rl.sampling.entropy_bound.x_accept_mask__mutmut_6": ("torch.sort(entropy, descending=False)", "torch.sort's default dim is -1"),
     "diffusion_rl.sampling.entropy_bound.x_accept_mask__mutmut_7": ("torch.sort(entropy, dim=-1, )", "torch.sort's default is ascending"),
