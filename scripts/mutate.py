@@ -308,6 +308,14 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.sampling.block.x__revise_block__mutmut_25": ('edit = edits(logits, cand, blk, live, None, cfg)', "revision runs on a full block: no mask is left to compare with"),
     "diffusion_rl.sampling.block.x__revise_block__mutmut_35": ('            return', "nothing follows the loop: return and break end the same"),
     "diffusion_rl.sampling.block.x_check_block_sampler__mutmut_5": ('num_blocks = cfg.gen_length / block_size', "a float count of blocks divides steps and compares with 1 as the integer count does"),
+    # likelihood/trace.py
+    "diffusion_rl.likelihood.trace.x_trace_rounds__mutmut_32": ("torch.ones_like(ordered, dtype=None)", "ordered holds long steps: ones_like gives long already"),
+    "diffusion_rl.likelihood.trace.x_trace_rounds__mutmut_34": ("torch.ones_like(ordered, )", "ordered holds long steps: ones_like gives long already"),
+    "diffusion_rl.likelihood.trace.x_round_rows__mutmut_18": ("rounds == NO_ROUND, +1, rounds", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
+    "diffusion_rl.likelihood.trace.x_round_rows__mutmut_19": ("rounds == NO_ROUND, -2, rounds", "an uncommitted position's stand-in stays below round 0: the same top"),
+    "diffusion_rl.likelihood.trace.x_round_rows__mutmut_20": (".max().clamp_min(1)) + 1", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
+    "diffusion_rl.likelihood.trace.x_round_rows__mutmut_21": (".max().clamp_min(0)) + 2", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
+    "diffusion_rl.likelihood.trace.x_masked_logps__mutmut_14": ("if not bool(None):", _ALL_ONES),
     # sampling/uniform_trajectory.py
     "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁ_over_completion__mutmut_12": ("L, dtype=dtype, device=None)", _CPU),
     "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁ_over_completion__mutmut_17": ("L, dtype=dtype, )", _CPU),
