@@ -316,6 +316,20 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.trace.x_round_rows__mutmut_20": (".max().clamp_min(1)) + 1", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
     "diffusion_rl.likelihood.trace.x_round_rows__mutmut_21": (".max().clamp_min(0)) + 2", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
     "diffusion_rl.likelihood.trace.x_masked_logps__mutmut_14": ("if not bool(None):", _ALL_ONES),
+    # likelihood/stratified.py
+    "diffusion_rl.likelihood.stratified.x_stratified_token_terms__mutmut_2": ("np1 = (n + 1).to(None)", "one side of the division is still in lp's dtype, so the quotient is too: an integer count on the other side gives the same value"),
+    "diffusion_rl.likelihood.stratified.x_stratified_token_terms__mutmut_7": ("t = counts.clamp_min(1).to(None) / np1", "one side of the division is still in lp's dtype, so the quotient is too: an integer count on the other side gives the same value"),
+    "diffusion_rl.likelihood.stratified.x_stratified_token_terms__mutmut_22": ("t_comp = (n - counts).clamp_min(1).to(None) / np1", "one side of the division is still in lp's dtype, so the quotient is too: an integer count on the other side gives the same value"),
+    "diffusion_rl.likelihood.stratified.x_spread_counts__mutmut_44": ("torch.where(n == m, row.to(None), x)", _CPU),
+    "diffusion_rl.likelihood.stratified.x_subset_of_size__mutmut_12": (
+        "torch.full_like(keys, 3.0)", "the keys are uniform numbers below 1: any stand-in from 1 up ranks last alike"),
+    "diffusion_rl.likelihood.stratified.xǁStratifiedEstimatorǁ__call____mutmut_132": ("scored.sum(+1))", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.stratified.xǁStratifiedEstimatorǁ__call____mutmut_93": ("select=None).view(C, K, B, L)", _SELECT),
+    "diffusion_rl.likelihood.stratified.xǁStratifiedEstimatorǁ__call____mutmut_99": (").view(C, K, B, L)", _SELECT),
+    "diffusion_rl.likelihood.stratified.xǁStratifiedEstimatorǁdraw__mutmut_5": ("n = scored.sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.stratified.xǁStratifiedEstimatorǁdraw__mutmut_17": ("rand_rows(s, P + scored.shape[1], None)", _CPU),
+    "diffusion_rl.likelihood.stratified.xǁStratifiedEstimatorǁdraw__mutmut_20": ("rand_rows(s, P + scored.shape[1], )", _CPU),
+    "diffusion_rl.likelihood.stratified.xǁStratifiedEstimatorǁdraw__mutmut_36": ("(u[:, :P] <= self.cfg.p_mask_prompt)", _TIE),
     # sampling/uniform_trajectory.py
     "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁ_over_completion__mutmut_12": ("L, dtype=dtype, device=None)", _CPU),
     "diffusion_rl.sampling.uniform_trajectory.xǁUniformTrajectoryǁ_over_completion__mutmut_17": ("L, dtype=dtype, )", _CPU),

@@ -194,3 +194,46 @@ def test_exact_elbo_and_its_bound_on_an_enumerable_model(tiny_bundle):
         expectation = sum(per_count) / (L + 1)  # x uniform on 0..L, the subset uniform given x
         assert expectation == pytest.approx(ao_elbo, rel=1e-5), coupled
     assert ao_elbo <= log_mean_p + 1e-9 and ao_elbo < 0
+
+
+# ---------------------------------------------------------------- inputs and dtypes
+
+
+def test_each_copy_shows_the_pins_and_carries_the_padding_mask():
+    """The forward sees every masked-set copy and its complement with the task's pinned tokens in place
+    and the prompt's padding masked out (the attention mask of each copy is its row's)."""
+    prompt, pmask, comp, cmask = random_batch(B=3, L=6)
+    pmask[1, :2] = 0  # the second prompt left-padded
+    pinned = torch.zeros_like(comp, dtype=torch.bool)
+    pinned[:, 0] = True
+    pinned[2, 4] = True
+    model, seen = ContextModel(prompt.shape[1] + comp.shape[1]), []
+
+    def spy(ids, attn, position_ids=None):
+        seen.append((ids.clone(), None if attn is None else attn.clone()))
+        return model(ids, attn)
+
+    est = StratifiedEstimator(StratifiedConfig(coupled=True, num_samples=2), MASK)
+    est(spy, prompt, pmask, comp, cmask, mask_seeds(1, 2, 3, 1), pinned=pinned)
+    (ids, attn), = seen
+    P, copies = prompt.shape[1], 2 * 2  # (complement, draw) pairs
+    rows = torch.arange(ids.shape[0]) % 3  # copy-major, then the batch
+    completion_part = ids[:, P:]
+    assert torch.equal(completion_part[pinned[rows]], comp[rows][pinned[rows]])
+    assert (completion_part[~pinned[rows]] == MASK).any()  # the rest is masked in some copy
+    assert attn is not None and torch.equal(attn, torch.cat([pmask, torch.ones_like(comp)], 1).repeat(copies, 1))
+
+
+def test_token_terms_keep_the_log_probs_dtype():
+    """float64 log-probs give float64 terms computed in float64: with n = 2 scored positions the
+    masking rates are 1/3 and 2/3, which float32 would round."""
+    lp = torch.tensor([[-0.7, -1.1]], dtype=torch.float64)
+    lp_comp = torch.tensor([[-0.3, -2.9]], dtype=torch.float64)
+    masked, scored = torch.tensor([[True, False]]), torch.tensor([[True, True]])
+    counts, n = torch.tensor([1]), torch.tensor([2])
+    one = stratified_token_terms(lp, None, masked, scored, counts, n)
+    assert one.dtype == torch.float64
+    torch.testing.assert_close(one, torch.tensor([[-0.7 * 3, 0.0]], dtype=torch.float64), rtol=1e-15, atol=0)
+    both = stratified_token_terms(lp, lp_comp, masked, scored, counts, n)
+    expected = torch.tensor([[-0.7 * 3 / 2, -2.9 * 3 / 2]], dtype=torch.float64)  # complement rate (2 - 1) / 3
+    torch.testing.assert_close(both, expected, rtol=1e-15, atol=0)
