@@ -316,6 +316,25 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.trace.x_round_rows__mutmut_20": (".max().clamp_min(1)) + 1", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
     "diffusion_rl.likelihood.trace.x_round_rows__mutmut_21": (".max().clamp_min(0)) + 2", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
     "diffusion_rl.likelihood.trace.x_masked_logps__mutmut_14": ("if not bool(None):", _ALL_ONES),
+    # likelihood/even_counts.py
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_6": ("rand_rows(seeds, 1 + P + L, None, k=K)", _CPU),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_10": ("rand_rows(seeds, 1 + P + L, k=K)", _CPU),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_43": ("even_counts(int(offset[b]), int(n[b]), K).to(None)", _CPU),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_17": ("n = scored.sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_26": ("(u[1, :, 0].double() * n)", "another copy's number that nothing else reads: as uniform and as independent of the row's other numbers"),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_54": ("hit = (u[1, :, 1:1 + P] <", "another copy's number that nothing else reads: as uniform and as independent of the row's other numbers"),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_58": ("(u[0, :, 1:1 + P] <= self.cfg.p_mask_prompt)", _TIE),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_81": (
+        "subset_of_size(keys, scored.expand(B, L), counts)", "the (B, L) mask broadcasts over the K copies as its expansion does"),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁsample__mutmut_51": ("prompt_ids.shape[1], select=None))", _SELECT),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁsample__mutmut_57": ("prompt_ids.shape[1], ))", _SELECT),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁsample__mutmut_65": (
+        "n = scored.sum(-1).clamp_min(1).to(None)", "float32 counts divided by integer ones: the same float32 quotient"),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁsample__mutmut_68": ("n = scored.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁsampler_units__mutmut_9": (
+        "torch.zeros_like(token_logp)).sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁsample__mutmut_73": (
+        "t = d.counts[copies].to(None) / n", "integer counts divided by float32 ones: the same float32 quotient"),
     # likelihood/stratified.py
     "diffusion_rl.likelihood.stratified.x_stratified_token_terms__mutmut_2": ("np1 = (n + 1).to(None)", "one side of the division is still in lp's dtype, so the quotient is too: an integer count on the other side gives the same value"),
     "diffusion_rl.likelihood.stratified.x_stratified_token_terms__mutmut_7": ("t = counts.clamp_min(1).to(None) / np1", "one side of the division is still in lp's dtype, so the quotient is too: an integer count on the other side gives the same value"),

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.base import mask_seeds
 from diffusion_rl.likelihood.elbo import ELBOSample
 from diffusion_rl.likelihood.even_counts import (
@@ -177,3 +178,66 @@ def test_expected_estimate_is_the_elbo_on_an_enumerable_model(tiny_bundle):
         per_offset.append(sum(copies) / K)
     assert sum(per_offset) / L == pytest.approx(ao_elbo, rel=1e-5)
     assert ao_elbo <= math.log(sum(math.exp(v) for v in orders) / len(orders)) + 1e-9
+
+
+def test_rows_with_one_or_no_scored_position():
+    """A row with one scored position masks it in every copy (t = 1); a row with none masks nothing and
+    estimates 0."""
+    prompt, pmask, comp, _ = random_batch(B=3, L=4)
+    cmask = torch.tensor([[1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]])
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=3), MASK)
+    seeds = mask_seeds(2, 1, 3, 0)
+    d = est.draw(seeds, pmask, cmask.bool())
+    assert d.counts[:, 1].tolist() == [1, 1, 1] and d.counts[:, 2].tolist() == [0, 0, 0]
+    assert int(d.offset[1]) == 1 and int(d.offset[2]) == 0
+    model = ContextModel(prompt.shape[1] + 4)
+    s = est.sample(model, prompt, pmask, comp, cmask, seeds)
+    assert s.t[:, 1].tolist() == [1.0, 1.0, 1.0] and s.t[:, 2].tolist() == [0.0, 0.0, 0.0]
+    value = est(model, prompt, pmask, comp, cmask, seeds)
+    # its copies all mask the one token (the unscored ones are masked too): log p of it, times n / x = 1
+    logp = torch.log_softmax(model(torch.cat([prompt[1:2], torch.full((1, 4), MASK)], 1)), -1)
+    torch.testing.assert_close(value[1], logp[0, prompt.shape[1] + 1, comp[1, 1]])
+    assert float(value[2].detach()) == 0.0
+
+
+def test_the_offset_does_not_depend_on_the_prompt_masking():
+    """The offset and the prompt's masking use different random numbers of the row: over 3000 rows with
+    half the prompt masked, the offset is uncorrelated with whether the first prompt token is masked."""
+    B, n = 3000, 8
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=2, p_mask_prompt=0.5), MASK)
+    d = est.draw(mask_seeds(4, 0, B, 0), torch.ones(B, 3, dtype=torch.long), torch.ones(B, n, dtype=torch.bool))
+    hit = d.prompt_hit[:, 0].double()
+    assert 0.45 < float(hit.mean()) < 0.55
+    assert abs(float(torch.corrcoef(torch.stack([hit, d.offset.double()]))[0, 1])) < 0.06  # 3 sd at B = 3000
+
+
+def test_each_copy_shows_the_pins_and_carries_the_padding_mask():
+    prompt, pmask, comp, cmask = random_batch(B=3, L=6)
+    pmask[1, :2] = 0
+    pinned = torch.zeros_like(comp, dtype=torch.bool)
+    pinned[:, 1] = True
+    model, seen = ContextModel(prompt.shape[1] + comp.shape[1]), []
+
+    def spy(ids, attn, position_ids=None):
+        seen.append((ids.clone(), None if attn is None else attn.clone()))
+        return model(ids, attn)
+
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=2), MASK)
+    est(spy, prompt, pmask, comp, cmask, mask_seeds(1, 2, 3, 0), pinned=pinned)
+    assert len(seen) == 2
+    for ids, attn in seen:
+        assert torch.equal(ids[:, prompt.shape[1] + 1], comp[:, 1])  # pinned: shown in every copy
+        assert attn is not None and torch.equal(attn, torch.cat([pmask, torch.ones_like(comp)], 1))
+
+
+def test_sampler_units_sum_the_scored_tokens():
+    lp = torch.tensor([[-0.5, -1.0, -2.0], [-0.25, -4.0, -8.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    est = EvenCountsEstimator(EvenCountsConfig(), MASK)
+    assert est.sampler_units(lp, mask).tolist() == [-1.5, -12.0]
+
+
+def test_num_samples_is_checked():
+    EvenCountsConfig(num_samples=1).validate()
+    with pytest.raises(ConfigError, match=r"^likelihood\.num_samples=0 is invalid"):
+        EvenCountsConfig(num_samples=0).validate()
