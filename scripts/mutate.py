@@ -316,6 +316,9 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.likelihood.trace.x_round_rows__mutmut_20": (".max().clamp_min(1)) + 1", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
     "diffusion_rl.likelihood.trace.x_round_rows__mutmut_21": (".max().clamp_min(0)) + 2", "a larger top only adds rounds that no position holds, which `has` then drops: the same rows"),
     "diffusion_rl.likelihood.trace.x_masked_logps__mutmut_14": ("if not bool(None):", _ALL_ONES),
+    # likelihood/base.py
+    "diffusion_rl.likelihood.base.x_mask_prompt__mutmut_3": ("hit = (u <= p) & prompt_mask.bool()", _TIE),
+    "diffusion_rl.likelihood.base.x_rand_rows__mutmut_20": ("out.transpose(0, 1).to(None)", _CPU),
     # likelihood/even_counts.py
     "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_6": ("rand_rows(seeds, 1 + P + L, None, k=K)", _CPU),
     "diffusion_rl.likelihood.even_counts.xǁEvenCountsEstimatorǁdraw__mutmut_10": ("rand_rows(seeds, 1 + P + L, k=K)", _CPU),
