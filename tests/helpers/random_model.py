@@ -40,3 +40,15 @@ def forward_spy(model):
         return model(ids, attn)
 
     return fwd, seen
+
+
+def input_spy(model):
+    """``model`` as a forward that keeps every ``(ids, attention mask)`` it is given (the mask None
+    where the caller passes none) -> (forward, inputs seen)"""
+    seen = []
+
+    def fwd(ids, attn, position_ids=None):
+        seen.append((ids.clone(), None if attn is None else attn.clone()))
+        return model(ids, attn)
+
+    return fwd, seen

@@ -20,7 +20,7 @@ from diffusion_rl.likelihood.even_counts import (
     even_counts,
 )
 from diffusion_rl.models.policy import logits_fn
-from tests.helpers.random_model import MASK, ContextModel, forward_spy, random_batch
+from tests.helpers.random_model import MASK, ContextModel, forward_spy, input_spy, random_batch
 
 # ---------------------------------------------------------------- the transcription (reference)
 # DARE's computation written out afresh, shapes as there: _forward_process_bgpo for one sequence and its
@@ -216,12 +216,7 @@ def test_each_copy_shows_the_pins_and_carries_the_padding_mask():
     pmask[1, :2] = 0
     pinned = torch.zeros_like(comp, dtype=torch.bool)
     pinned[:, 1] = True
-    model, seen = ContextModel(prompt.shape[1] + comp.shape[1]), []
-
-    def spy(ids, attn, position_ids=None):
-        seen.append((ids.clone(), None if attn is None else attn.clone()))
-        return model(ids, attn)
-
+    spy, seen = input_spy(ContextModel(prompt.shape[1] + comp.shape[1]))
     est = EvenCountsEstimator(EvenCountsConfig(num_samples=2), MASK)
     est(spy, prompt, pmask, comp, cmask, mask_seeds(1, 2, 3, 0), pinned=pinned)
     assert len(seen) == 2

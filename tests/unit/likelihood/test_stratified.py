@@ -18,7 +18,7 @@ from diffusion_rl.likelihood.stratified import (
     stratified_token_terms,
 )
 from diffusion_rl.models.policy import logits_fn
-from tests.helpers.random_model import MASK, ContextModel, forward_spy, random_batch
+from tests.helpers.random_model import MASK, ContextModel, forward_spy, input_spy, random_batch
 
 # ---------------------------------------------------------------- the transcription (reference)
 # ESPO's computation written out afresh: forward_process with its random draws passed in (the offset k
@@ -207,12 +207,7 @@ def test_each_copy_shows_the_pins_and_carries_the_padding_mask():
     pinned = torch.zeros_like(comp, dtype=torch.bool)
     pinned[:, 0] = True
     pinned[2, 4] = True
-    model, seen = ContextModel(prompt.shape[1] + comp.shape[1]), []
-
-    def spy(ids, attn, position_ids=None):
-        seen.append((ids.clone(), None if attn is None else attn.clone()))
-        return model(ids, attn)
-
+    spy, seen = input_spy(ContextModel(prompt.shape[1] + comp.shape[1]))
     est = StratifiedEstimator(StratifiedConfig(coupled=True, num_samples=2), MASK)
     est(spy, prompt, pmask, comp, cmask, mask_seeds(1, 2, 3, 1), pinned=pinned)
     (ids, attn), = seen
