@@ -19,9 +19,18 @@ IDS, MASK, NOISE, CANVAS = torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3),
 
 @pytest.fixture
 def calls(monkeypatch) -> dict[str, tuple]:
+    """Each sampler replaced by a recorder of its call (positional and keyword arguments) that returns
+    the sampler's name."""
     seen: dict[str, tuple] = {}
+
+    def recorder(name: str):
+        def call(*args, **kwargs):
+            seen[name] = (args, kwargs)
+            return name
+        return call
+
     for name in ("generate", "block_generate", "entropy_bound_generate"):
-        monkeypatch.setattr(dispatch, name, lambda *a, _n=name, **kw: seen.__setitem__(_n, (a, kw)) or _n)
+        monkeypatch.setattr(dispatch, name, recorder(name))
     return seen
 
 
