@@ -40,14 +40,14 @@ def is_valid_solution(grid: str) -> bool:
 
 
 # ---- answers, reward, metrics --- -------------------------------------------------------------------
-def parse_answer(completion: Any) -> str:
-    """The answer's ASCII digits, truncated / padded with ``0`` to 16 characters."""
+def parse_answer(completion: Any, n_cells: int = N_CELLS) -> str:
+    """The answer's ASCII digits, truncated / padded with ``0`` to ``n_cells`` characters (16: one grid)."""
     if isinstance(completion, str) and "<reasoning>" in completion and answer_block(completion) is None:
-        return "0" * N_CELLS  # a chat response cut off before its answer
+        return "0" * n_cells  # a chat response cut off before its answer
     answer = extract_answer(completion)
-    # the first 16 digits: the regex skips non-digits in C, so a huge answer costs a scan, not a loop
-    digits = "".join(m.group() for m in islice(_DIGIT_RE.finditer(answer), N_CELLS))
-    return digits.ljust(N_CELLS, "0")
+    # the first n_cells digits: the regex skips non-digits in C, so a huge answer costs a scan, not a loop
+    digits = "".join(m.group() for m in islice(_DIGIT_RE.finditer(answer), n_cells))
+    return digits.ljust(n_cells, "0")
 
 
 def cell_score(answer: str, puzzle: str, solution: str) -> float:
@@ -70,9 +70,10 @@ def sudoku_cell_reward(
     solution: Sequence[str],
     **_: Any,
 ) -> list[float]:
-    """Fraction of the puzzle's empty cells that the answer fills with the reference digit."""
+    """Fraction of the puzzle's empty cells that the answer fills with the reference digit. A puzzle of
+    several grids side by side (``task=multi_sudoku``: ``16 * k`` cells) reads ``16 * k`` answer digits."""
     return [
-        cell_score(parse_answer(c), p, s)
+        cell_score(parse_answer(c, len(p)), p, s)
         for c, p, s in zip(completions, puzzle, solution, strict=True)
     ]
 
@@ -91,3 +92,25 @@ def sudoku_metrics(
         valid += is_valid_solution(answer) and keeps_givens(answer, p)
     n = max(len(completions), 1)
     return {"cell_accuracy": cell / n, "solved_rate": solved / n, "valid_rate": valid / n}
+
+
+def grids_metrics(
+    completions: Sequence[str], puzzles: Sequence[str], solutions: Sequence[str]
+) -> dict[str, float]:
+    """Metrics of items that are ``k`` grids side by side (``16 * k`` cells; ``task=multi_sudoku``):
+    ``cell_accuracy`` over each item's empty cells, ``grid_solved_rate`` and ``grid_valid_rate`` over
+    every grid of every item, ``solved_rate`` over items (every grid of the item solved)."""
+    cell = solved = grids = grid_solved = grid_valid = 0.0
+    for c, p, s in zip(completions, puzzles, solutions, strict=True):
+        answer = parse_answer(c, len(p))
+        score = cell_score(answer, p, s)
+        cell += score
+        solved += score == 1.0
+        for g in range(0, len(p), N_CELLS):
+            a, q, r = answer[g:g + N_CELLS], p[g:g + N_CELLS], s[g:g + N_CELLS]
+            grids += 1
+            grid_solved += cell_score(a, q, r) == 1.0
+            grid_valid += is_valid_solution(a) and keeps_givens(a, q)
+    n, m = max(len(completions), 1), max(grids, 1)
+    return {"cell_accuracy": cell / n, "solved_rate": solved / n, "grid_solved_rate": grid_solved / m,
+            "grid_valid_rate": grid_valid / m}

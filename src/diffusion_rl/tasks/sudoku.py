@@ -44,10 +44,10 @@ _PEERS: tuple[frozenset[int], ...] = tuple(
 
 
 # ---- the answer's cells, token by token -----------------------------------------------------------
-def answer_cells(tokens: list[str]) -> list[list[tuple[int, str]]]:
+def answer_cells(tokens: list[str], n_cells: int = N_CELLS) -> list[list[tuple[int, str]]]:
     """The ``(cell, digit)`` pairs each token supplies, as the reward reads them: the ASCII digits of
-    the last ``<answer>`` block (else of the whole text), in order, cells 0-15; tokens outside that
-    block supply none."""
+    the last ``<answer>`` block (else of the whole text), in order, cells ``0 .. n_cells - 1``; tokens
+    outside that block supply none."""
     text = "".join(tokens)
     start = text.rfind("<answer>")
     start = start + len("<answer>") if start >= 0 else 0
@@ -58,7 +58,7 @@ def answer_cells(tokens: list[str]) -> list[list[tuple[int, str]]]:
         pairs = []
         for offset, ch in enumerate(tok):
             if ch in DIGITS and start <= pos + offset < end:
-                if cell < N_CELLS:
+                if cell < n_cells:
                     pairs.append((cell, ch))
                 cell += 1
         out.append(pairs)
@@ -332,7 +332,7 @@ class SudokuTask(Task):
         missing or extra digit shifts the cells after it)."""
         puzzle = item["puzzle"]
         return [not (len(tok) == 1 and len(pairs) == 1 and puzzle[pairs[0][0]] != "0")
-                for tok, pairs in zip(tokens, answer_cells(tokens), strict=True)]
+                for tok, pairs in zip(tokens, answer_cells(tokens, len(puzzle)), strict=True)]
 
     def token_rewards(self, item: dict[str, Any], tokens: list[str]) -> list[float]:
         """Each token earns ``1 / (number of empty cells)`` per empty cell it fills with the solution's
@@ -340,7 +340,8 @@ class SudokuTask(Task):
         is written, and no token earns anything)."""
         puzzle, solution = item["puzzle"], item["solution"]
         empty = sum(c == "0" for c in puzzle) or 1
-        return [sum(puzzle[k] == "0" and d == solution[k] for k, d in pairs) / empty for pairs in answer_cells(tokens)]
+        return [sum(puzzle[k] == "0" and d == solution[k] for k, d in pairs) / empty
+                for pairs in answer_cells(tokens, len(puzzle))]
 
     def pinned_completion(self, item: dict[str, Any]) -> list[str | None] | None:
         """With ``task.pin_givens``: the givens at their cells (the answer is the 16-cell grid)."""
@@ -354,7 +355,8 @@ class SudokuTask(Task):
 
     def correctness(self, completions: Sequence[str], items: Sequence[dict[str, Any]]) -> list[bool]:
         """Right = every empty cell holds the solution's digit (the cell reward at 1)."""
-        return [cell_score(parse_answer(c), it["puzzle"], it["solution"]) == 1.0 for c, it in zip(completions, items, strict=True)]
+        return [cell_score(parse_answer(c, len(it["puzzle"])), it["puzzle"], it["solution"]) == 1.0
+                for c, it in zip(completions, items, strict=True)]
 
     def prompt(self, item: dict[str, Any]) -> str:
         """The puzzle then ``=``; with pinned givens (and ``givens_in_prompt`` off) the ``=`` alone, the
