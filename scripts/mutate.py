@@ -490,6 +490,13 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_23": ('text.find("</answer>", m.end()) >= 1', _FOUND_AFTER_TAG),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_33": ("bool(ends) and mid_at > 0 and", "the middle is searched from after the head: found, it is at >= 12"),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_34": ("bool(ends) and mid_at >= 1 and", "the middle is searched from after the head: found, it is at >= 12"),
+    # rl/objectives/wd1.py
+    "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_12": ("torch.softmax(a, +1), torch.softmax(-a, -1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_19": ("torch.softmax(a, -1), torch.softmax(-a, +1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_20": ("dtype=torch.float)).sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_38": ("per_group = -(w_pos * S).sum(+1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_44": ("per_group = per_group + (w_neg * S).sum(+1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_55": ("(1.0 / w_pos.pow(2).sum(+1)).mean()", _AXIS_2D + " (B/G, G)"),
 }
 
 # Kinds of equivalent mutants, recognised from the changed line alone: (what, why). A kind holds a
