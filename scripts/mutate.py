@@ -490,6 +490,30 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_23": ('text.find("</answer>", m.end()) >= 1', _FOUND_AFTER_TAG),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_33": ("bool(ends) and mid_at > 0 and", "the middle is searched from after the head: found, it is at >= 12"),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_34": ("bool(ends) and mid_at >= 1 and", "the middle is searched from after the head: found, it is at >= 12"),
+    # rl/objectives/espo.py
+    "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_2": (
+        "n = mask.sum(-1).clamp_min(1).to(None)",
+        "an integer count, exact in any float dtype: the float32 ELBOs (the estimators') divided by it give the same quotient"),
+    "diffusion_rl.rl.objectives.espo.x_espo_kl__mutmut_16": (
+        "mask.sum().clamp_min(1).to(None)",
+        "an integer count, exact in any float dtype: the float32 squared gaps divided by it give the same quotient"),
+    # rl/objectives/spg.py
+    "diffusion_rl.rl.objectives.spg.x_spg_loss__mutmut_19": ("row_mask = mask.sum(+1) > 0", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.spg.x_spg_loss__mutmut_30": ("masked_mean(logp.float(), mask, +1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.spg.x_spg_loss__mutmut_38": ("masked_mean(s, mask, +1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.spg.x_spg_loss__mutmut_67": ("old_logp.float(), mask, +1)[:, None]", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_18": ('elbo_from_logps(s.token_logps, s.masked, None, "mean")', _MEAN_NO_T),
+    "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_28": (
+        'surrogate = ""', "only the policy's units carry a surrogate (set below); Objective.loss reads none of the old or reference policy's"),
+    # rl/objectives/wd1.py
+    "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_12": ("torch.softmax(a, +1), torch.softmax(-a, -1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_19": ("torch.softmax(a, -1), torch.softmax(-a, +1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_20": ("dtype=torch.float)).sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_38": ("per_group = -(w_pos * S).sum(+1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_44": ("per_group = per_group + (w_neg * S).sum(+1)", _AXIS_2D + " (B/G, G)"),
+    "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_55": ("(1.0 / w_pos.pow(2).sum(+1)).mean()", _AXIS_2D + " (B/G, G)"),
 }
 
 # Kinds of equivalent mutants, recognised from the changed line alone: (what, why). A kind holds a

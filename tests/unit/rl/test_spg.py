@@ -18,13 +18,16 @@ from diffusion_rl.app.train import build
 from diffusion_rl.core.errors import ConfigError
 from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator, elbo_from_logps, eubo_from_logps
 from diffusion_rl.likelihood.spg_blocks import SPGBlocksConfig, SPGBlocksEstimator
+from diffusion_rl.likelihood.uniform_elbo import UniformELBOConfig, UniformELBOEstimator
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives.base import StepContext
-from diffusion_rl.rl.objectives.spg import SPG, SPGConfig, spg_loss
+from diffusion_rl.rl.objectives.spg import NEGATIVE_BOUNDS, SPG, SPGConfig, spg_loss
 from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling.sampler import completion_mask
 from tests.helpers.common import compose_cfg, rollout_of
+from tests.helpers.random_model import input_spy
 from tests.unit.likelihood.test_spg_blocks import public_block_random
+from tests.unit.rl.test_coupled_grpo import perturbed
 
 MASK = 99
 
@@ -176,7 +179,7 @@ def test_loss_parity_on_real_rollouts(tmp_path, negative):
         return logits_fn(net)(ids, attn)
 
     K, B = c.objective.likelihood.cfg.num_samples, ro.prompt_ids.shape[0]
-    loss, _ = c.objective.loss(StepContext(ro, 1, 3, forward, logits_fn(net), None))
+    loss, m = c.objective.loss(StepContext(ro, 1, 3, forward, logits_fn(net), None))
     params = list(net.parameters())
     g_ours = torch.autograd.grad(loss, params, allow_unused=True)
     ids, attn = seen[-1]  # (K * B, P + L), the policy's forward
@@ -192,6 +195,14 @@ def test_loss_parity_on_real_rollouts(tmp_path, negative):
     assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
     for a, b in zip(g_ours, g_ref):
         assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-6))
+    # the metrics: rows with A <= 0 (the A = 0 row among them) are on the upper side, by s_i - ELBO_i
+    with torch.no_grad():
+        bounds = [public_per_seq_logps(logits, noisy, batch, ro.completion_ids.shape[1], cm, ro.advantages > 0,
+                                       c.bundle.mask_token_id, est, c.objective.cfg.eubo_beta, 0.5)[0]
+                  for est in (negative, "elbo")]
+    upper = ro.advantages <= 0
+    assert m["spg/frac_upper"].item() == pytest.approx(upper.float().mean().item())
+    assert m["spg/upper_minus_elbo"].item() == pytest.approx((bounds[0] - bounds[1])[upper].mean().item(), abs=1e-6)
 
 
 # ---------------------------------------------------------------- the objective's invariants
@@ -290,6 +301,88 @@ def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
     assert tis.needs_old_logp()  # TIS reads the old log-probs whatever the diagnostic says
 
 
+def test_metrics_by_hand():
+    """Rows 0..3 with 3, 1, 0 and 2 tokens and A = (0.5, -1, -2, 2): rows 0, 1, 3 have tokens, row 1 alone
+    is on the upper side (row 2 has nothing scored): frac_upper = 1/3; its s - ELBO is -2.5 - (-2) = -0.5."""
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0]])
+    elbo = torch.tensor([-1.0, -2.0, -3.0, -4.0])[:, None].expand(-1, 3)
+    s = torch.tensor([-1.0, -2.5, -3.5, -4.0])[:, None].expand(-1, 3)
+    adv = torch.tensor([0.5, -1.0, -2.0, 2.0])[:, None]
+    _, m = spg_loss(elbo, None, adv, mask, SPGConfig(), group_size=2, surrogate=s)
+    assert m["spg/frac_upper"].item() == pytest.approx(1 / 3)
+    assert m["spg/upper_minus_elbo"].item() == pytest.approx(-0.5)
+    # one row with tokens, on the upper side: all of the rows that count
+    _, m = spg_loss(elbo[:2], None, adv[[1, 0]], mask[[1, 2]], SPGConfig(), group_size=2, surrogate=s[:2])
+    assert m["spg/frac_upper"].item() == 1.0
+
+
+def test_the_kl_anchor_is_k3_on_each_monte_carlo_samples_masked_tokens(tmp_path):
+    """beta > 0: train/kl is the k3 estimator exp(d) - d - 1, d = log p_ref - log p, on the completion
+    tokens each Monte Carlo sample masks, averaged over a sample's tokens, then over samples and rows;
+    the inputs and logits are read from the forwards themselves."""
+    c, ro = spg_setup(tmp_path, ["objective.beta=0.04"])
+    net = c.bundle.net.eval()
+    ref_net = perturbed(net, 0.05, 1)
+    fwd, seen = input_spy(logits_fn(net))
+    _, m = c.objective.loss(StepContext(ro, 0, 3, fwd, logits_fn(net), logits_fn(ref_net)))
+    ids, attn = seen[-1]  # (K * B, P + L): the policy's forward
+    K, L = c.objective.likelihood.cfg.num_samples, ro.completion_ids.shape[1]
+    comp = ro.completion_ids.repeat(K, 1)  # (K * B, L)
+    with torch.no_grad():
+        lp, lp_ref = (logits_fn(f)(ids, attn)[:, -L:].log_softmax(-1).gather(-1, comp[..., None]).squeeze(-1)
+                      for f in (net, ref_net))
+    masked = (ids[:, -L:] == c.bundle.mask_token_id) & ro.completion_mask.repeat(K, 1).bool()  # (K * B, L)
+    assert bool(masked.any(-1).all())  # every sample masks some token
+    d = lp_ref - lp
+    k3 = torch.where(masked, d.exp() - d - 1, torch.zeros_like(d))
+    expected = (k3.sum(-1) / masked.sum(-1)).mean()
+    assert m["train/kl"].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_pinned_tokens_stay_visible_and_unscored(tmp_path):
+    """Sudoku's givens are pinned: every Monte Carlo sample shows them to the model as they are and
+    neither bound nor the KL anchor reads them."""
+    torch.manual_seed(0)
+    c = build(compose_cfg(["objective=spg", "likelihood.block_length=4"], tmp_path))
+    ro = RolloutEngine(c.bundle, c.task, c.objective, c.advantage, c.sampler, seed=1)(c.task.splits.train[:2],
+                                                                                     c.bundle.net, 0)
+    assert ro.pinned is not None and bool(ro.pinned.any())
+    fwd, seen = input_spy(logits_fn(c.bundle.net))
+    s = c.objective.logp_units(StepContext(ro, 0, 3, fwd, fwd, None), fwd, "policy")
+    K, L = c.objective.likelihood.cfg.num_samples, ro.completion_ids.shape[1]
+    shown = seen[-1][0][:, -L:]  # (K * B, L)
+    pinned = ro.pinned.repeat(K, 1)
+    assert torch.equal(shown[pinned], ro.completion_ids.repeat(K, 1)[pinned])
+    assert not bool(s.kl_mask.bool()[ro.pinned[:, None].expand_as(s.kl_mask)].any())
+
+
+def test_the_old_policy_keeps_the_first_iterations_masks(tmp_path):
+    """With share_masks_with_old=false the policy draws fresh masks at each update and the old policy
+    is scored on the first iteration's masks: its inputs at iteration 2 are those of iteration 0."""
+    c, ro = spg_setup(tmp_path, ["objective.share_masks_with_old=false"])
+    fwd, seen = input_spy(logits_fn(c.bundle.net))
+
+    def inputs(it, role):
+        c.objective.logp_units(StepContext(ro, it, 3, fwd, fwd, None), fwd, role)
+        return seen[-1][0]
+
+    old0, old2, new2 = inputs(0, "old"), inputs(2, "old"), inputs(2, "policy")
+    assert torch.equal(old2, old0) and not torch.equal(new2, old2)
+
+
+@pytest.mark.parametrize("negative", NEGATIVE_BOUNDS)
+def test_a_uniform_noise_model_takes_the_elbo_side_only(negative):
+    """Without a mask token there is no EUBO: with likelihood=uniform_elbo, negative=elbo and zero are
+    accepted, eubo and mix refused."""
+    est = UniformELBOEstimator(UniformELBOConfig(), MASK)
+    if negative in ("elbo", "zero"):
+        assert SPG(SPGConfig(negative=negative), est).likelihood is est
+        return
+    with pytest.raises(ConfigError) as err:
+        SPG(SPGConfig(negative=negative), est)
+    assert err.value.key == "objective.negative"
+
+
 # ---------------------------------------------------------------- configs
 
 
@@ -316,8 +409,17 @@ def test_config_selects_spg_masks_unscaled_advantages_and_sudoku_beta(tmp_path):
     (["likelihood.block_length=0"], "likelihood.block_length"),
 ])
 def test_config_errors_name_the_key(tmp_path, overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError) as err:
         build(compose_cfg(["objective=spg", *overrides], tmp_path))
+    assert err.value.key == key
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0])
+def test_the_mix_weight_takes_both_ends(weight):
+    """w = 0 is the ELBO and w = 1 the EUBO alone: both are in [0, 1]."""
+    SPGConfig(mix_weight=weight).validate()
+    with pytest.raises(ConfigError):
+        SPGConfig(mix_weight=weight + (0.01 if weight else -0.01)).validate()
 
 
 def test_spg_on_the_projects_elbo(tmp_path):

@@ -8,6 +8,7 @@ softmax spans the micro-batch it is given; the public scripts give it one group.
 """
 
 import copy
+import math
 from dataclasses import replace
 
 import pytest
@@ -22,6 +23,7 @@ from diffusion_rl.rl.objectives.wd1 import WD1, WD1Config, group_softmax_weights
 from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling.sampler import completion_mask
 from tests.helpers.common import compose_cfg
+from tests.helpers.random_model import input_spy
 
 # ---------------------------------------------------------------- the public code, transcribed
 
@@ -214,6 +216,50 @@ def test_positive_only_drops_the_unlearning_term(tmp_path):
     w_pos, w_neg = group_softmax_weights(ro.advantages, ro.group_size)
     assert pos.item() == pytest.approx(-(w_pos * seq).sum(-1).mean().item(), rel=1e-6)
     assert both.item() == pytest.approx(((w_neg - w_pos) * seq).sum(-1).mean().item(), rel=1e-5, abs=1e-6)
+
+
+def test_weight_metrics_by_hand():
+    """Group 0 has A = (0, ln 3): w+ = (1/4, 3/4), ESS = 1 / (1/16 + 9/16) = 1.6; group 1 is flat: w+ =
+    (1/2, 1/2), ESS = 2. The metrics: the mean ESS over groups, 1.8, and the largest weight, 3/4."""
+    adv = torch.tensor([0.0, math.log(3.0), 0.7, 0.7])
+    _, m = wd1_loss(-torch.rand(4, 3), None, adv[:, None], torch.ones(4, 3), WD1Config(), group_size=2)
+    assert m["weights/ess"].item() == pytest.approx(1.8, abs=1e-6)
+    assert m["weights/max"].item() == pytest.approx(0.75, abs=1e-6)
+
+
+def test_sums_run_in_float32_as_the_public_code():
+    """The public code casts its per-token log-probs to float32 (``.to(torch.float32)``) before the
+    weighted sums: float64 log-probs give the float32 loss of their float32 values."""
+    g = torch.Generator().manual_seed(2)
+    logp = -torch.rand(6, 7, generator=g, dtype=torch.float64) * 5
+    mask = (torch.arange(7)[None] < torch.tensor([7, 3, 1, 5, 7, 2])[:, None]).long()
+    adv = torch.randn(6, generator=g)
+    ours, _ = wd1_loss(logp, None, adv[:, None], mask, WD1Config(), group_size=3)
+    ref = public_over_groups(logp.float()[None], mask, adv, 3)
+    assert ours.dtype == torch.float32
+    assert ours.item() == pytest.approx(ref.item(), abs=1e-5)
+
+
+def test_per_token_advantages_are_refused_in_wd1s_name():
+    """wd1 weighs whole samples: (B, L) advantages are refused, and the error says which objective refused."""
+    with pytest.raises(ValueError, match=r"^wd1\b"):
+        wd1_loss(-torch.rand(4, 3), None, torch.randn(4, 3), torch.ones(4, 3), WD1Config(), group_size=2)
+
+
+def test_the_old_policy_keeps_the_first_iterations_masks(tmp_path):
+    """With share_masks_with_old=false the policy draws fresh prompt masks at each update and the old
+    policy is scored on the first iteration's masks: its inputs at iteration 2 are those of iteration 0."""
+    c, ro = wd1_setup(tmp_path, ["objective.share_masks_with_old=false"])
+    fwd, seen = input_spy(logits_fn(c.bundle.net))
+
+    def inputs(it, role):
+        c.objective.logp_units(StepContext(ro, it, 3, fwd, fwd, None), fwd, role)
+        return seen[-1][0]
+
+    old0, old2, new2 = inputs(0, "old"), inputs(2, "old"), inputs(2, "policy")
+    P = ro.prompt_ids.shape[1]
+    assert torch.equal(old2, old0)
+    assert not torch.equal(new2[:, :P], old2[:, :P])  # the policy's prompt masks are its own
 
 
 def test_ratio_diagnostic_off_spends_no_forward_on_the_old_policy(tmp_path):
