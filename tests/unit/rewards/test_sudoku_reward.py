@@ -1,6 +1,6 @@
 """The 4x4 Sudoku reward and metrics (rewards/sudoku.py) on hand-built answers: which grids are
-solutions, how an answer is read from a completion, the share of empty cells filled right, and the
-three evaluation metrics."""
+solutions, how an answer is read from a completion, the share of empty cells filled right, the
+three evaluation metrics, and the same for answers of several grids side by side (task=multi_sudoku)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from diffusion_rl.rewards.sudoku import (
     cell_score,
+    grids_metrics,
     is_valid_solution,
     keeps_givens,
     parse_answer,
@@ -177,3 +178,29 @@ def test_rewards_and_metrics_of_several_completions_hand_computed():
         sudoku_cell_reward(["p"] * 2, completions[:2], puzzle=[puzzle], solution=[solution] * 2)
     with pytest.raises(ValueError):
         sudoku_metrics(completions, [puzzle] * 3, [solution] * 4)
+
+
+# ---- several grids side by side (task=multi_sudoku) -----------------------------------------------
+GRID_B, PUZZLE_B = "1234341221434321", "1000040000400020"  # 12 empty cells
+
+
+def test_an_answer_of_k_grids_reads_16_k_digits():
+    assert parse_answer("<answer>" + GRID + " " + GRID_B + "9</answer>", 32) == GRID + GRID_B  # the 33rd is cut
+    assert parse_answer(GRID + "12", 32) == GRID + "12" + "0" * 14
+    assert parse_answer("<reasoning>cut off", 32) == "0" * 32
+    # the reward of a two-grid puzzle reads both grids: B's 12 empty cells count
+    assert sudoku_cell_reward(["="], [GRID + GRID_B], [PUZZLE + PUZZLE_B], [GRID + GRID_B]) == [1.0]
+    assert sudoku_cell_reward(["="], [GRID], [PUZZLE + PUZZLE_B], [GRID + GRID_B]) == [pytest.approx(8 / 20)]
+
+
+def test_metrics_of_k_grids_count_items_and_grids_apart():
+    items = [(PUZZLE + PUZZLE_B, GRID + GRID_B)] * 2
+    bad_b = GRID_B[:15] + "3"  # its last cell (empty in PUZZLE_B) wrong, and not a valid grid
+    given_broken = "4" + GRID[1:]  # rewrites a given (cell 0 holds a 3): its empty cells are right, it is not valid
+    m = grids_metrics([GRID + GRID_B, given_broken + bad_b], [p for p, _ in items], [s for _, s in items])
+    assert m["cell_accuracy"] == pytest.approx((1.0 + 19 / 20) / 2)
+    assert m["solved_rate"] == pytest.approx(1 / 2)
+    assert m["grid_solved_rate"] == pytest.approx(3 / 4)
+    assert m["grid_valid_rate"] == pytest.approx(2 / 4)
+    assert grids_metrics([], [], []) == {"cell_accuracy": 0.0, "solved_rate": 0.0, "grid_solved_rate": 0.0,
+                                         "grid_valid_rate": 0.0}

@@ -1,12 +1,12 @@
 """Tests for task=multi_sudoku: several 4x4 puzzles per item, their splits, reward, per-token credit,
-metrics, config errors and the sampler the task brings."""
+config errors and the canvas (its metrics: tests/unit/rewards/test_sudoku_reward.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from diffusion_rl.core.errors import ConfigError
-from diffusion_rl.rewards.sudoku import grids_metrics, is_valid_solution
+from diffusion_rl.rewards.sudoku import is_valid_solution
 from diffusion_rl.tasks.multi_sudoku import MultiSudokuConfig, MultiSudokuTask
 from diffusion_rl.tasks.sudoku import count_solutions, split_grids
 
@@ -61,18 +61,6 @@ def test_each_token_earns_its_share_of_the_reward_in_every_grid():
     assert sum(credit) == pytest.approx(t.rewards(["".join(tokens)], [ITEM]).item())
     # a given cell of the second grid is not read: the reward mask leaves it out
     assert t.reward_token_mask(ITEM, tokens) == [e for e in empty]
-
-
-def test_metrics_count_items_and_grids_apart():
-    items = [ITEM, ITEM]
-    bad_b = GRID_B[:15] + "3"  # its last cell (empty in PUZZLE_B) wrong, and an invalid grid
-    given_broken = "4" + GRID_A[1:]  # rewrites a given of A (cell 0 holds a 3): valid cells count, validity not
-    completions = [GRID_A + GRID_B, given_broken + bad_b]
-    m = grids_metrics(completions, [it["puzzle"] for it in items], [it["solution"] for it in items])
-    assert m["cell_accuracy"] == pytest.approx((1.0 + 19 / 20) / 2)
-    assert m["solved_rate"] == pytest.approx(1 / 2)
-    assert m["grid_solved_rate"] == pytest.approx(3 / 4)  # A is still solved in the second: its empty cells are right
-    assert m["grid_valid_rate"] == pytest.approx(2 / 4)
 
 
 def test_bad_settings_stop_with_the_key():
