@@ -202,5 +202,10 @@ def test_metrics_of_k_grids_count_items_and_grids_apart():
     assert m["solved_rate"] == pytest.approx(1 / 2)
     assert m["grid_solved_rate"] == pytest.approx(3 / 4)
     assert m["grid_valid_rate"] == pytest.approx(2 / 4)
+    # one item of one grid, solved: every rate is 1 (each share is over that one item and that one grid)
+    assert grids_metrics([GRID], [PUZZLE], [GRID]) == {"cell_accuracy": 1.0, "solved_rate": 1.0,
+                                                       "grid_solved_rate": 1.0, "grid_valid_rate": 1.0}
     assert grids_metrics([], [], []) == {"cell_accuracy": 0.0, "solved_rate": 0.0, "grid_solved_rate": 0.0,
                                          "grid_valid_rate": 0.0}
+    with pytest.raises(ValueError):  # a completion without its item is refused, not scored on a part
+        grids_metrics([GRID, GRID], [PUZZLE], [GRID])
