@@ -21,9 +21,11 @@ where ours is one line that fails only its own job.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from diffusion_rl.app.evaluate import EvalRunConfig
 from diffusion_rl.app.train import RunConfig, TrainerConfig
@@ -66,8 +68,22 @@ def schema(group: str, option: str) -> type:
     return REGISTRIES[group].get(option).config_class
 
 
+MAX_DIRNAME = 120  # characters of a sweep job's folder name kept as written (a file name holds 255 bytes)
+
+
+def short_dirname(name: str) -> str:
+    """A sweep job's folder name (``hydra.job.override_dirname``) that fits a file name: as it is up to
+    :data:`MAX_DIRNAME` characters, else its start and a hash of the whole, so that jobs whose long
+    names differ only at the end still get folders of their own."""
+    if len(name) <= MAX_DIRNAME:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+    return f"{name[:MAX_DIRNAME - len(digest) - 1]}~{digest}"
+
+
 def register_configs() -> None:
-    """Store every ``base_*`` node (idempotent); call before Hydra composes."""
+    """Store every ``base_*`` node and the ``short_dirname`` resolver (idempotent); call before Hydra composes."""
+    OmegaConf.register_new_resolver("short_dirname", short_dirname, replace=True)
     cs = ConfigStore.instance()
     for group, cls in GROUP_SCHEMAS.items():
         cs.store(group=group, name=f"base_{group}", node=defaults_of(cls))
