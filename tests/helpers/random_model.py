@@ -42,6 +42,23 @@ def forward_spy(model):
     return fwd, seen
 
 
+def unit_inputs(objective, rollout, net):
+    """``(inner_iter, role) -> ids``: the input ids of every forward that ``objective.logp_units`` runs
+    for ``role`` at that inner iteration (of 3), stacked; ``net`` scores them. Which masks the old policy
+    and the policy are scored on, as the tests of ``share_masks_with_old`` compare them."""
+    from diffusion_rl.models.policy import logits_fn
+    from diffusion_rl.rl.objectives.base import StepContext
+
+    fwd, seen = input_spy(logits_fn(net))
+
+    def inputs(it, role):
+        seen.clear()
+        objective.logp_units(StepContext(rollout, it, 3, fwd, fwd, None), fwd, role)
+        return torch.cat([ids for ids, _ in seen])
+
+    return inputs
+
+
 def input_spy(model):
     """``model`` as a forward that keeps every ``(ids, attention mask)`` it is given (the mask None
     where the caller passes none) -> (forward, inputs seen)"""

@@ -19,7 +19,7 @@ from diffusion_rl.rl.objectives.base import LogpUnits, StepContext
 from diffusion_rl.rl.objectives.espo import ESPO, ESPOConfig, espo_kl, espo_loss
 from diffusion_rl.rl.rollout import RolloutEngine
 from tests.helpers.common import compose_cfg, rollout_of
-from tests.helpers.random_model import MASK, ContextModel, input_spy, random_batch
+from tests.helpers.random_model import MASK, ContextModel, input_spy, random_batch, unit_inputs
 from tests.unit.likelihood.test_stratified import drawn_inputs, ref_get_elbo_mc
 from tests.unit.rl.test_coupled_grpo import perturbed
 
@@ -186,14 +186,7 @@ def test_the_old_policy_keeps_the_first_iterations_masks(real):
     """With share_masks_with_old=false the policy draws fresh masks at each update and the old policy
     is scored on the first iteration's masks: its inputs at iteration 2 are those of iteration 0."""
     c, ro = real
-    obj = ESPO(ESPOConfig(share_masks_with_old=False), c.objective.likelihood)
-    fwd, seen = input_spy(logits_fn(c.bundle.net))
-
-    def inputs(it, role):
-        seen.clear()
-        obj.logp_units(StepContext(ro, it, 3, fwd, fwd, None), fwd, role)
-        return torch.cat([ids for ids, _ in seen])
-
+    inputs = unit_inputs(ESPO(ESPOConfig(share_masks_with_old=False), c.objective.likelihood), ro, c.bundle.net)
     old0, old2, new2 = inputs(0, "old"), inputs(2, "old"), inputs(2, "policy")
     assert torch.equal(old2, old0) and not torch.equal(new2, old2)
 

@@ -25,7 +25,7 @@ from diffusion_rl.rl.objectives.spg import NEGATIVE_BOUNDS, SPG, SPGConfig, spg_
 from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling.sampler import completion_mask
 from tests.helpers.common import compose_cfg, rollout_of
-from tests.helpers.random_model import input_spy
+from tests.helpers.random_model import input_spy, unit_inputs
 from tests.unit.likelihood.test_spg_blocks import public_block_random
 from tests.unit.rl.test_coupled_grpo import perturbed
 
@@ -360,12 +360,7 @@ def test_the_old_policy_keeps_the_first_iterations_masks(tmp_path):
     """With share_masks_with_old=false the policy draws fresh masks at each update and the old policy
     is scored on the first iteration's masks: its inputs at iteration 2 are those of iteration 0."""
     c, ro = spg_setup(tmp_path, ["objective.share_masks_with_old=false"])
-    fwd, seen = input_spy(logits_fn(c.bundle.net))
-
-    def inputs(it, role):
-        c.objective.logp_units(StepContext(ro, it, 3, fwd, fwd, None), fwd, role)
-        return seen[-1][0]
-
+    inputs = unit_inputs(c.objective, ro, c.bundle.net)
     old0, old2, new2 = inputs(0, "old"), inputs(2, "old"), inputs(2, "policy")
     assert torch.equal(old2, old0) and not torch.equal(new2, old2)
 

@@ -23,7 +23,7 @@ from diffusion_rl.rl.objectives.wd1 import WD1, WD1Config, group_softmax_weights
 from diffusion_rl.rl.rollout import RolloutEngine
 from diffusion_rl.sampling.sampler import completion_mask
 from tests.helpers.common import compose_cfg
-from tests.helpers.random_model import input_spy
+from tests.helpers.random_model import unit_inputs
 
 # ---------------------------------------------------------------- the public code, transcribed
 
@@ -250,12 +250,7 @@ def test_the_old_policy_keeps_the_first_iterations_masks(tmp_path):
     """With share_masks_with_old=false the policy draws fresh prompt masks at each update and the old
     policy is scored on the first iteration's masks: its inputs at iteration 2 are those of iteration 0."""
     c, ro = wd1_setup(tmp_path, ["objective.share_masks_with_old=false"])
-    fwd, seen = input_spy(logits_fn(c.bundle.net))
-
-    def inputs(it, role):
-        c.objective.logp_units(StepContext(ro, it, 3, fwd, fwd, None), fwd, role)
-        return seen[-1][0]
-
+    inputs = unit_inputs(c.objective, ro, c.bundle.net)
     old0, old2, new2 = inputs(0, "old"), inputs(2, "old"), inputs(2, "policy")
     P = ro.prompt_ids.shape[1]
     assert torch.equal(old2, old0)
