@@ -62,6 +62,12 @@ EXCLUDED = {
 # check, scripts/ for the scripts they run)
 ALSO_COPY = ("conf", "docs", "scripts")
 
+# Areas whose mutants run under mutmut's fork server (``process_isolation = "forkserver"``) instead of
+# a fork of the process that ran the tests once: the tasks' tests start the code sandbox's fork server
+# as a child of that process, and mutmut's default runner reaps children with ``os.wait()``, so when that
+# child exits the run stops on a pid it does not know (``KeyError`` in ``ForkRunner.wait_for_result``).
+FORKSERVER_AREAS = ("tasks",)
+
 # Statements not mutated: the words and type of an error (``raise ...``), an ``assert`` (an invariant of
 # the code's own calls, which no valid input reaches), a warning and a log line. Whether the
 # error is raised is the condition above it, which is mutated; what the message says is not the math,
@@ -575,6 +581,8 @@ def mutmut_table(module: str) -> str:
         f"also_copy = {json.dumps(list(ALSO_COPY))}",
         f"do_not_mutate_patterns = {json.dumps(list(NOT_MUTATED))}",
     ]
+    if module.split("/", 1)[0] in FORKSERVER_AREAS:
+        lines.append('process_isolation = "forkserver"')
     return "\n".join(lines) + "\n"
 
 

@@ -110,3 +110,16 @@ def test_rescore_needs_a_finished_run(mutate, tmp_path, monkeypatch):
     monkeypatch.setattr(mutate, "WORK", tmp_path)
     with pytest.raises(SystemExit, match="no finished run .* run it first: python scripts/mutate.py rl/advantages.py"):
         mutate.rescore("rl/advantages.py")
+
+
+@pytest.mark.parametrize("module, isolation", [("tasks/sudoku.py", "forkserver"), ("rl/advantages.py", "fork")])
+def test_the_tasks_mutants_run_under_the_fork_server(mutate, tmp_path, monkeypatch, module, isolation):
+    # the tasks' tests leave the code sandbox's fork server as a child of the test process; mutmut's fork
+    # runner would reap it with os.wait() and stop on an unknown pid
+    monkeypatch.setattr(mutate, "WORK", tmp_path)
+    folder = mutate.prepare(module)
+    code = "from mutmut.configuration import config; print(config().process_isolation.value)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ""}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == isolation
