@@ -116,12 +116,22 @@ def _mean_sd(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
 
 
+def _log_ratio_spread(runs: list[RunData]) -> str:
+    """The largest log importance ratio of an update (``ratio/log_max``), pooled over a condition's
+    updates and seeds: its median and its maximum; where it passes log eps, a clamp at eps acted."""
+    values = [v for r in runs for _, v in r.metrics.get("ratio/log_max", []) if not math.isnan(v)]
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f}, {max(values):.2f}"
+
+
 def grouped_table(groups: dict[str, list[RunData]]) -> str:
     """Mean ± sd over seeds per condition: held-out accuracy, its gain, spikes, gradient norms, clipping."""
     keys = {r.stats["acc_key"] for rs in groups.values() for r in rs if r.stats.get("acc_key")}
     acc = keys.pop() if len(keys) == 1 else "accuracy"
     head = ["condition", "seeds ok", f"test {acc} before", f"test {acc} after", "gain", "grad spikes",
-            "max grad norm", "ratio clipped (high)", f"final reward (last {FINAL_WINDOW})"]
+            "max grad norm", "ratio clipped (high)", "largest log-ratio: median update, max",
+            f"final reward (last {FINAL_WINDOW})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, runs in groups.items():
         ok = [r for r in runs if not r.failed]
@@ -131,7 +141,7 @@ def grouped_table(groups: dict[str, list[RunData]]) -> str:
         lines.append("| " + " | ".join([
             name, f"{len(ok)}/{len(runs)}", _mean_sd([s["acc_before"] for s in st]), _mean_sd([s["acc_after"] for s in st]),
             _mean_sd([s["acc_after"] - s["acc_before"] for s in st]), _mean_sd([float(s["spikes"]) for s in st]),
-            fmt(max((s["max_grad_norm"] for s in st), default=math.nan)), _mean_sd(clip),
+            fmt(max((s["max_grad_norm"] for s in st), default=math.nan)), _mean_sd(clip), _log_ratio_spread(ok),
             _mean_sd([s["final_reward"] for s in st])]) + " |")
     return "\n".join(lines)
 

@@ -14,10 +14,10 @@ from tests.helpers.common import CONF
 
 ROOT = CONF.parent
 COLUMNS = ["step", "grad/norm", "grad/norm_ema", "grad/spike", "grad/spikes_total", "train/reward",
-           "ratio/log_std", "weights/ess", "train/skipped_updates"]
+           "ratio/log_std", "ratio/log_max", "weights/ess", "train/skipped_updates"]
 
 
-def write_run(folder, overrides, norms, spikes, rewards, summary=None, failure=None, skipped=0):
+def write_run(folder, overrides, norms, spikes, rewards, summary=None, failure=None, skipped=0, log_max=None):
     """A run folder as train() leaves it: metrics.csv (rollout metrics every 2nd row), .hydra, summary."""
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -31,6 +31,7 @@ def write_run(folder, overrides, norms, spikes, rewards, summary=None, failure=N
             w.writerow({"step": i + 1, "grad/norm": n, "grad/norm_ema": n, "grad/spike": float(s),
                         "grad/spikes_total": float(total), "train/reward": rewards[i // 2] if i % 2 == 0 else "",
                         "ratio/log_std": 0.1 * (i + 1), "weights/ess": 4.0 - 0.1 * i,
+                        "ratio/log_max": "" if log_max is None else log_max[i],
                         "train/skipped_updates": float(skipped)})
     if summary is not None:
         (folder / "summary.json").write_text(json.dumps(summary))
@@ -197,6 +198,10 @@ def test_ema_is_debiased_and_smooths():
     assert max(out[-10:]) - min(out[-10:]) < 0.2 and out[-1] == pytest.approx(0.5, abs=0.1)
 
 
+# each update's largest log-ratio, per condition and seed (condition b logs none)
+LOG_MAX = {"a": [[0.5, 4.0, 1.0, 2.0], [3.0, 0.25, 9.5, 1.5]], "b": [None, None]}
+
+
 @pytest.fixture
 def seeded(tmp_path):
     """Two conditions x two seeds, each run with its after-RL per-item test rewards."""
@@ -206,7 +211,7 @@ def seeded(tmp_path):
         folder = root / f"{job}_ablation={cond},seed={seed}"
         scores = items[cond][seed]
         write_run(folder, [f"ablation={cond}", f"seed={seed}"], norms=[1, 2, 3, 4], spikes=[0, 0, 0, 1],
-                  rewards=[0.5, 0.6],
+                  rewards=[0.5, 0.6], log_max=LOG_MAX[cond][seed],
                   summary={"before": {"cell_accuracy": 0.5}, "after": {"cell_accuracy": sum(scores) / 4},
                            "optimizer_steps": 4, "skipped_updates": 0, "config": {"seed": seed, "optim": {"grad_clip": 2.0}}})
         (folder / "eval_generations.jsonl").write_text("".join(json.dumps({"reward": v}) + "\n" for v in scores))
@@ -228,6 +233,12 @@ def test_seeds_are_aggregated_with_mean_sd_bands_and_paired_bootstrap(seeded, mo
     row = next(line for line in text.splitlines() if line.startswith("| ablation=a |"))
     # after: seed 0 0.75, seed 1 0.875 -> mean 0.8125, sd 0.0884; gain 0.3125
     assert "| 2/2 | 0.500 ± 0.000 | 0.812 ± 0.088 | 0.312 ± 0.088 |" in row
+    # largest log-ratio over a's 8 updates, both seeds pooled: sorted 0.25 0.5 1 1.5 | 2 3 4 9.5 -> median 1.75
+    head = next(line for line in text.splitlines() if line.startswith("| condition | seeds ok |"))
+    column = [c.strip() for c in head.split("|")].index("largest log-ratio: median update, max")
+    cells = {cond: [c.strip() for c in line.split("|")][column] for cond in "ab"
+             for line in text.splitlines() if line.startswith(f"| ablation={cond} | 2/2 |")}
+    assert cells == {"a": "1.75, 9.50", "b": "-"}  # b logged no ratio
     mean, lo, hi, n = paired_bootstrap(groups["ablation=b"], groups["ablation=a"])
     assert n == 2 and mean == pytest.approx((1.5 - 3.0 + 2.5 - 3.5) / 8)  # per-item differences, pooled
     assert lo <= mean <= hi < 0  # b is worse on every seed: the interval excludes 0
