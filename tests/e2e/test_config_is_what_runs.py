@@ -71,15 +71,24 @@ def check_jobs(root: Path, expected_jobs: int) -> None:
             assert settings[-1][1] == value, (folder, key, settings)
 
 
+def experiment_sweep(name: str) -> dict[str, str]:
+    """An experiment's sweeper params, with those of the experiments it builds on (plain entries of its
+    defaults list, same group) under its own."""
+    spec = yaml.safe_load((CONF / "experiment" / f"{name}.yaml").read_text())
+    params = {}
+    for entry in spec.get("defaults") or []:
+        if isinstance(entry, str) and (CONF / "experiment" / f"{entry}.yaml").exists():
+            params.update(experiment_sweep(entry))
+    params.update({k: str(v) for k, v in ((spec.get("hydra") or {}).get("sweeper", {}).get("params", {}) or {}).items()})
+    return params
+
+
 def one_job(args: list[str]) -> list[str]:
     """A sweep's command line cut to its first job: each swept key (its own comma lists and its experiment's
     sweeper params) at its first value. The jobs of a sweep differ only in those keys, and the pairs test
     below runs every objective on every task."""
-    params = {}
     experiment = next((a.split("=", 1)[1] for a in args if a.startswith("experiment=")), None)
-    if experiment:
-        spec = yaml.safe_load((CONF / "experiment" / f"{experiment}.yaml").read_text())
-        params = {k: str(v) for k, v in ((spec.get("hydra") or {}).get("sweeper", {}).get("params", {}) or {}).items()}
+    params = experiment_sweep(experiment) if experiment else {}
     for a in args:
         key, _, value = a.partition("=")
         if "," in value and not value.startswith("["):
