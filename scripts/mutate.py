@@ -520,6 +520,20 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_38": ("per_group = -(w_pos * S).sum(+1)", _AXIS_2D + " (B/G, G)"),
     "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_44": ("per_group = per_group + (w_neg * S).sum(+1)", _AXIS_2D + " (B/G, G)"),
     "diffusion_rl.rl.objectives.wd1.x_wd1_loss__mutmut_55": ("(1.0 / w_pos.pow(2).sum(+1)).mean()", _AXIS_2D + " (B/G, G)"),
+    # tasks/sudoku.py
+    'diffusion_rl.tasks.sudoku.x_answer_cells__mutmut_27': ('end = text.find("</answer>", start) if start else -2', "without an open tag end is only compared with 0: -1 and -2 both mean the text's end"),
+    'diffusion_rl.tasks.sudoku.x_answer_cells__mutmut_31': ('end = end if end > 0 else len(text)', 'a close found after an open tag is past position 0, and without a tag end is -1: end is never 0'),
+    'diffusion_rl.tasks.sudoku.x_answer_cells__mutmut_32': ('end = end if end >= 1 else len(text)', 'a close found after an open tag is past position 0, and without a tag end is -1: end is never 0'),
+    'diffusion_rl.tasks.sudoku.x_answer_cells__mutmut_42': ('if ch in DIGITS and start <= pos + offset <= end:', "the character at end is the '<' of the close tag, or there is none (end = len(text)): never a digit"),
+    'diffusion_rl.tasks.sudoku.x__d1_cell_reward__mutmut_7': ('return d1_rewards.d1_sudoku_reward(None, tagged, **fields)', "d1's Sudoku reward does not read the prompts"),
+    'diffusion_rl.tasks.sudoku.xǁSudokuTaskǁreward_token_mask__mutmut_17': ('zip(tokens, answer_cells(tokens, len(puzzle)), strict=None)', 'answer_cells gives one list per token: the two zipped sequences always have the same length'),
+    'diffusion_rl.tasks.sudoku.xǁSudokuTaskǁreward_token_mask__mutmut_20': ('zip(tokens, answer_cells(tokens, len(puzzle)), )', 'answer_cells gives one list per token: the two zipped sequences always have the same length'),
+    'diffusion_rl.tasks.sudoku.xǁSudokuTaskǁreward_token_mask__mutmut_25': ('zip(tokens, answer_cells(tokens, len(puzzle)), strict=False)', 'answer_cells gives one list per token: the two zipped sequences always have the same length'),
+    'diffusion_rl.tasks.sudoku.xǁSudokuTaskǁtoken_rewards__mutmut_11': ('empty = sum(c == "0" for c in puzzle) or 2', "the divisor of a puzzle without an empty cell, where every token's numerator is 0"),
+    'diffusion_rl.tasks.sudoku.x_load_sudoku_csv__mutmut_13': ('encoding="UTF-8-SIG"', 'codec names are case-insensitive: the same codec'),
+    'diffusion_rl.tasks.sudoku.x_load_sudoku_csv__mutmut_16': ('header_seen = None', _NONE_FALSE),
+    'diffusion_rl.tasks.sudoku.x__row_problem__mutmut_15': ('return "XXsolution contradicts the puzzle\'s givensXX"', 'the words of the reason a bad row is refused with (the refusal itself is tested)'),
+    'diffusion_rl.tasks.sudoku.x__row_problem__mutmut_16': ('return "SOLUTION CONTRADICTS THE PUZZLE\'S GIVENS"', 'the words of the reason a bad row is refused with (the refusal itself is tested)'),
 }
 
 # Kinds of equivalent mutants, recognised from the changed line alone: (what, why). A kind holds a
