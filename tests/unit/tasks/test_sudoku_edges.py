@@ -155,3 +155,22 @@ def test_validation_puzzles_are_the_validation_stream_of_the_training_grids():
         if puzzle not in exclude:
             want.setdefault(puzzle, grid)
     assert task.validation_items() == [{"puzzle": p, "solution": g} for p, g in want.items()]
+
+
+# ---- multi_sudoku's own rules ----------------------------------------------------------------------
+def test_one_grid_is_a_valid_multi_sudoku_item():
+    MultiSudokuConfig(grids=1).validate()
+    with pytest.raises(ConfigError, match=r"task\.grids"):
+        MultiSudokuConfig(grids=0).validate()
+
+
+def test_multi_sudoku_validation_avoids_every_training_puzzle_even_where_they_crowd():
+    # one blank a puzzle: 16 puzzles per grid, so 200 items x 2 puzzles cover ~1 in 9 of the puzzles of
+    # the training grids, and 32 validation puzzles drawn blind would meet some of them
+    cfg = {"grids": 2, "min_givens": 15, "max_givens": 15, "num_train": 200, "num_val": 16, "num_test": 4, "seed": 1}
+    task = MultiSudokuTask(MultiSudokuConfig(**cfg))
+    train = {it["puzzle"][g:g + N_CELLS] for it in task.train_items() for g in (0, N_CELLS)}
+    val = task.validation_items()
+    assert len(val) == 16
+    assert not {it["puzzle"][g:g + N_CELLS] for it in val for g in (0, N_CELLS)} & train
+    assert MultiSudokuTask(MultiSudokuConfig(**cfg)).validation_items() == val  # a seeded stream
