@@ -507,6 +507,12 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_18": ('elbo_from_logps(s.token_logps, s.masked, None, "mean")', _MEAN_NO_T),
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_28": (
         'surrogate = ""', "only the policy's units carry a surrogate (set below); Objective.loss reads none of the old or reference policy's"),
+    # rl/objectives/behaviour.py
+    "diffusion_rl.rl.objectives.behaviour.x_mismatch_metrics__mutmut_11": (
+        "vals = mismatch.new_zeros(2, dtype=torch.float32)",
+        "the stand-in of no counted unit: two zeros have the mean and the std of one zero, 0"),
+    "diffusion_rl.rl.objectives.behaviour.x_mismatch_metrics__mutmut_29": (
+        "weights.new_ones(2)", "the stand-in of no counted unit: two ones have the mean and the clip share of one one"),
     # rl/objectives/wd1.py
     "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_12": ("torch.softmax(a, +1), torch.softmax(-a, -1)", _AXIS_2D + " (B/G, G)"),
     "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_19": ("torch.softmax(a, -1), torch.softmax(-a, +1)", _AXIS_2D + " (B/G, G)"),
