@@ -507,6 +507,19 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_18": ('elbo_from_logps(s.token_logps, s.masked, None, "mean")', _MEAN_NO_T),
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_28": (
         'surrogate = ""', "only the policy's units carry a surrogate (set below); Objective.loss reads none of the old or reference policy's"),
+    # rl/objectives/justgrpo.py
+    "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_26": (
+        "C = (groups + cfg.norm_groups + 1) // cfg.norm_groups",
+        "a chunk more than there are: it holds no group, and its scale is never read (scale[chunk])"),
+    "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_92": ("torch.zeros_like(ratio)).sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_102": ('"justgrpo/tokens_per_sample": m.float().sum(+1).mean()',
+                                                                       _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.justgrpo.xǁJustGRPOǁlogp_units__mutmut_12": (
+        "self.likelihood.mask_id, ro.pinned, None)",
+        "rows_per_forward None reads as 0, all rows in one call: " + _COST_ONLY),
+    "diffusion_rl.rl.objectives.justgrpo.xǁJustGRPOǁlogp_units__mutmut_20": (
+        "self.likelihood.mask_id, ro.pinned, )",
+        "rows_per_forward left at its default 0, all rows in one call: " + _COST_ONLY),
     # rl/objectives/behaviour.py
     "diffusion_rl.rl.objectives.behaviour.x_mismatch_metrics__mutmut_11": (
         "vals = mismatch.new_zeros(2, dtype=torch.float32)",
