@@ -93,6 +93,10 @@ _RANDINT = "torch.randint(high, size) is torch.randint(0, high, size): the same 
 _FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: < 0, <= 0 and < 1 read the same"
 _COST_ONLY = "chunks under checkpointing give the values and gradients of one pass (a test checks it): a cost only"
 _MEAN_NO_T = "the 'mean' reduction averages the scored log-probs and reads no masking rate"
+_ROLE_SPELLING = "the masks read the role only as 'old' or not: another spelling of this role draws the same masks"
+_NO_GROUPS = "bgpo_loss reads no group size (its token mean is over every covered unit)"
+_METRICS_ONLY = ("only the metrics ([1]) are read, and with behaviour_correction=none (BGPO refuses tis) they read "
+                 "neither the advantages nor the cap")
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -507,6 +511,29 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_18": ('elbo_from_logps(s.token_logps, s.masked, None, "mean")', _MEAN_NO_T),
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_28": (
         'surrogate = ""', "only the policy's units carry a surrogate (set below); Objective.loss reads none of the old or reference policy's"),
+    # rl/objectives/bgpo.py
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_55": (
+        "torch.where(adv <= 0, torch.minimum(clipped, -adv * cfg.dual_clip), clipped)",
+        "an A = 0 unit's loss and gradient are 0 whether dual-clipped or not: min(0, -0 * c) = 0"),
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_129": ("n = mask[..., 0, :].sum(+1).float()", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_147": ("masked_mean(per_token.mean(+1), rows)", _AXIS_2D + " (B, K)"),
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_160": ("masked_mean(per_token.std(+1), rows)", _AXIS_2D + " (B, K)"),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_22": ('self.logp_units(ctx, ctx.policy, None, copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_28": ('self.logp_units(ctx, ctx.policy, "XXpolicyXX", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_29": ('self.logp_units(ctx, ctx.policy, "POLICY", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_59": ('self.logp_units(ctx, ctx.ref_policy, None, copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_65": ('self.logp_units(ctx, ctx.ref_policy, "XXrefXX", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_66": ('self.logp_units(ctx, ctx.ref_policy, "REF", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_45": ("self.policy_loss(new, old, adv, mask, c, group_size=None)", _NO_GROUPS),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_112": ("self.policy_loss(new_all, old_cat, adv, mask_all, c, group_size=None)", _NO_GROUPS),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_71": (
+        "kl_j = self.kl_term(s, ref, g, None)", "the KL's seq-mean-token-mean (kl_agg) reads no group size"),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_81": ("kl = kl.to(None) + kl_j.detach() / K", _CPU),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_122": ("behaviour_correction(None, old_cat", _METRICS_ONLY),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_127": ("c.behaviour_correction, None)[1]", _METRICS_ONLY),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_134": ("None if (q is None) and False else g(q)", _GATHER),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_147": (
+        "metrics.update(self.extra_metrics(None))", "BGPO keeps the template's extra_metrics, which reads no context"),
     # rl/objectives/justgrpo.py
     "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_26": (
         "C = (groups + cfg.norm_groups + 1) // cfg.norm_groups",
