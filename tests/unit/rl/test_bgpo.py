@@ -601,6 +601,7 @@ def test_without_beta_no_reference_forward_and_without_a_reference_no_kl():
     ref, ref_seen = forward_spy(perturbed(model, 0.2, 3))
     parts = list(BGPO(BGPOConfig(), est).loss_parts(StepContext(ro, 0, 3, model, old, ref)))
     assert len(ref_seen) == 0 and all("train/kl" not in m for _, m in parts)
+    assert all(not m for _, m in parts[:-1]) and "ratio/log_mean" in parts[-1][1]  # the metrics come with the last part
     plain = sum(p.item() for p, _ in parts)
     anchored = list(BGPO(BGPOConfig(beta=0.04), est).loss_parts(StepContext(ro, 0, 3, model, old, None)))
     assert sum(p.item() for p, _ in anchored) == pytest.approx(plain, abs=1e-7)
