@@ -99,6 +99,10 @@ _RANDINT = "torch.randint(high, size) is torch.randint(0, high, size): the same 
 _FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: < 0, <= 0 and < 1 read the same"
 _COST_ONLY = "chunks under checkpointing give the values and gradients of one pass (a test checks it): a cost only"
 _MEAN_NO_T = "the 'mean' reduction averages the scored log-probs and reads no masking rate"
+_ROLE_SPELLING = "the masks read the role only as 'old' or not: another spelling of this role draws the same masks"
+_NO_GROUPS = "bgpo_loss reads no group size (its token mean is over every covered unit)"
+_METRICS_ONLY = ("only the metrics ([1]) are read, and with behaviour_correction=none (BGPO refuses tis) they read "
+                 "neither the advantages nor the cap")
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -513,6 +517,48 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_18": ('elbo_from_logps(s.token_logps, s.masked, None, "mean")', _MEAN_NO_T),
     "diffusion_rl.rl.objectives.spg.xǁSPGǁlogp_units__mutmut_28": (
         'surrogate = ""', "only the policy's units carry a surrogate (set below); Objective.loss reads none of the old or reference policy's"),
+    # rl/objectives/bgpo.py
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_55": (
+        "torch.where(adv <= 0, torch.minimum(clipped, -adv * cfg.dual_clip), clipped)",
+        "an A = 0 unit's loss and gradient are 0 whether dual-clipped or not: min(0, -0 * c) = 0"),
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_129": ("n = mask[..., 0, :].sum(+1).float()", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_147": ("masked_mean(per_token.mean(+1), rows)", _AXIS_2D + " (B, K)"),
+    "diffusion_rl.rl.objectives.bgpo.x_bgpo_loss__mutmut_160": ("masked_mean(per_token.std(+1), rows)", _AXIS_2D + " (B, K)"),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_22": ('self.logp_units(ctx, ctx.policy, None, copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_28": ('self.logp_units(ctx, ctx.policy, "XXpolicyXX", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_29": ('self.logp_units(ctx, ctx.policy, "POLICY", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_59": ('self.logp_units(ctx, ctx.ref_policy, None, copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_65": ('self.logp_units(ctx, ctx.ref_policy, "XXrefXX", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_66": ('self.logp_units(ctx, ctx.ref_policy, "REF", copies=[j])', _ROLE_SPELLING),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_45": ("self.policy_loss(new, old, adv, mask, c, group_size=None)", _NO_GROUPS),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_112": ("self.policy_loss(new_all, old_cat, adv, mask_all, c, group_size=None)", _NO_GROUPS),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_71": (
+        "kl_j = self.kl_term(s, ref, g, None)", "the KL's seq-mean-token-mean (kl_agg) reads no group size"),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_81": ("kl = kl.to(None) + kl_j.detach() / K", _CPU),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_122": ("behaviour_correction(None, old_cat", _METRICS_ONLY),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_127": ("c.behaviour_correction, None)[1]", _METRICS_ONLY),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_134": ("None if (q is None) and False else g(q)", _GATHER),
+    "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_147": (
+        "metrics.update(self.extra_metrics(None))", "BGPO keeps the template's extra_metrics, which reads no context"),
+    # rl/objectives/justgrpo.py
+    "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_26": (
+        "C = (groups + cfg.norm_groups + 1) // cfg.norm_groups",
+        "a chunk more than there are: it holds no group, and its scale is never read (scale[chunk])"),
+    "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_92": ("torch.zeros_like(ratio)).sum(+1)", _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_102": ('"justgrpo/tokens_per_sample": m.float().sum(+1).mean()',
+                                                                       _AXIS_2D + " (B, L)"),
+    "diffusion_rl.rl.objectives.justgrpo.xǁJustGRPOǁlogp_units__mutmut_12": (
+        "self.likelihood.mask_id, ro.pinned, None)",
+        "rows_per_forward None reads as 0, all rows in one call: " + _COST_ONLY),
+    "diffusion_rl.rl.objectives.justgrpo.xǁJustGRPOǁlogp_units__mutmut_20": (
+        "self.likelihood.mask_id, ro.pinned, )",
+        "rows_per_forward left at its default 0, all rows in one call: " + _COST_ONLY),
+    # rl/objectives/behaviour.py
+    "diffusion_rl.rl.objectives.behaviour.x_mismatch_metrics__mutmut_11": (
+        "vals = mismatch.new_zeros(2, dtype=torch.float32)",
+        "the stand-in of no counted unit: two zeros have the mean and the std of one zero, 0"),
+    "diffusion_rl.rl.objectives.behaviour.x_mismatch_metrics__mutmut_29": (
+        "weights.new_ones(2)", "the stand-in of no counted unit: two ones have the mean and the clip share of one one"),
     # rl/objectives/wd1.py
     "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_12": ("torch.softmax(a, +1), torch.softmax(-a, -1)", _AXIS_2D + " (B/G, G)"),
     "diffusion_rl.rl.objectives.wd1.x_group_softmax_weights__mutmut_19": ("torch.softmax(a, -1), torch.softmax(-a, +1)", _AXIS_2D + " (B/G, G)"),

@@ -13,7 +13,7 @@ from diffusion_rl.likelihood.elbo import ELBOConfig, ELBOEstimator
 from diffusion_rl.likelihood.one_step import OneStepEstimator
 from diffusion_rl.models.policy import logits_fn
 from diffusion_rl.rl.objectives.base import StepContext
-from diffusion_rl.rl.objectives.behaviour import mismatch_metrics, tis_weights
+from diffusion_rl.rl.objectives.behaviour import behaviour_correction, mismatch_metrics, tis_weights
 from diffusion_rl.rl.objectives.grpo import GRPO, GRPOConfig
 from diffusion_rl.rl.objectives.stabledrl import StableDRL, StableDRLConfig
 from tests.unit.rl.test_stabledrl import make_rollout
@@ -91,3 +91,88 @@ def test_tis_needs_the_samplers_log_probs_and_is_validated(tiny_bundle):
     for kw, key in [({"behaviour_correction": "is"}, "objective.behaviour_correction"), ({"tis_cap": 0.5}, "objective.tis_cap")]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             GRPOConfig(**kw).validate()
+
+
+# ---------------------------------------------------------------- behaviour_correction and its metrics, by hand
+
+
+def test_one_counted_unit_has_its_own_mean_and_a_zero_std():
+    mismatch = torch.tensor([[0.7, -1.0], [2.0, 3.0]])
+    m = mismatch_metrics(mismatch, torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
+    assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(0.7)  # the one unit that counts
+    assert m["rollout/mismatch_log_ratio_std"].item() == 0.0  # one value: no spread (not torch's nan)
+    assert set(m) == {"rollout/mismatch_log_ratio", "rollout/mismatch_log_ratio_std"}  # no weights: no TIS metrics
+
+
+def test_two_counted_units_have_their_sample_std():
+    m = mismatch_metrics(torch.tensor([[1.0, 3.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
+    assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(2.0)
+    assert m["rollout/mismatch_log_ratio_std"].item() == pytest.approx(math.sqrt(2.0))  # ((1-2)^2+(3-2)^2)/(2-1)
+
+
+def test_a_mask_broadcasts_over_the_units():
+    """A per-row mask (N, 1) counts every unit of the rows it keeps."""
+    m = mismatch_metrics(torch.tensor([[1.0, 2.0], [5.0, 7.0]]), torch.tensor([[1.0], [0.0]]),
+                         torch.tensor([[1.0, 0.5], [3.0, 3.0]]), 2.0)
+    assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(1.5)
+    assert m["tis/weight_mean"].item() == pytest.approx(0.75)
+    assert m["tis/clip_frac"].item() == 0.0
+
+
+def test_no_counted_unit_reads_zero_mismatch_and_weight_one():
+    mismatch = torch.tensor([[0.5, -0.5]], dtype=torch.float64)
+    m = mismatch_metrics(mismatch, torch.zeros(1, 2), torch.tensor([[3.0, 3.0]]), 2.0)
+    assert m["rollout/mismatch_log_ratio"].item() == 0.0 and m["rollout/mismatch_log_ratio_std"].item() == 0.0
+    assert m["rollout/mismatch_log_ratio"].dtype == torch.float32  # float32 as when units count
+    assert m["tis/weight_mean"].item() == 1.0 and m["tis/clip_frac"].item() == 0.0  # not the uncounted 3s
+
+
+def _units():
+    adv = torch.tensor([[1.0, -2.0, 0.5], [-1.0, 4.0, 2.0]])
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.2, -1.0]], dtype=torch.float64)
+    shift = torch.tensor([[0.0, math.log(2.0), -math.log(4.0)], [1.0, -0.3, 5.0]])  # log q - log pi_old per unit
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    return adv, old, old.float() + shift, shift, mask
+
+
+def test_tis_multiplies_each_units_advantage_by_its_capped_weight():
+    adv, old, q, shift, mask = _units()
+    out, m = behaviour_correction(adv, old, q, mask, "tis", 3.0)
+    w = [[1.0, 0.5, 3.0], [math.exp(-1.0), math.exp(0.3), math.exp(-5.0)]]  # min(pi_old / q, 3): 4 capped at 3
+    assert torch.allclose(out, adv * torch.tensor(w), atol=1e-6)
+    counted = shift[mask.bool()]
+    assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(counted.mean().item(), abs=1e-6)
+    assert m["rollout/mismatch_log_ratio_std"].item() == pytest.approx(counted.std().item(), abs=1e-6)
+    kept = torch.tensor([1.0, 0.5, 3.0, math.exp(-1.0), math.exp(0.3)])
+    assert m["tis/weight_mean"].item() == pytest.approx(kept.mean().item(), abs=1e-6)
+    assert m["tis/clip_frac"].item() == pytest.approx(1 / 5)  # the capped unit alone
+
+
+def test_none_leaves_the_advantages_and_measures_the_mismatch():
+    adv, old, q, shift, mask = _units()
+    out, m = behaviour_correction(adv, old, q, mask, "none", 3.0)
+    assert out is adv
+    counted = shift[mask.bool()]
+    assert set(m) == {"rollout/mismatch_log_ratio", "rollout/mismatch_log_ratio_std"}
+    assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(counted.mean().item(), abs=1e-6)
+    assert m["rollout/mismatch_log_ratio_std"].item() == pytest.approx(counted.std().item(), abs=1e-6)
+
+
+def test_the_samplers_log_probs_are_read_in_the_old_policys_dtype():
+    """log q in float64, log pi_old in float32: q is rounded to float32 first (1 + 2^-30 is 1 there), so
+    the mismatch is the difference of the two as the old policy's dtype holds them."""
+    old = torch.ones(1, 2)
+    q = torch.tensor([[1.0 + 2.0 ** -30, 1.0 + 2.0 ** -29]], dtype=torch.float64)
+    _, m = behaviour_correction(torch.ones(1, 2), old, q, torch.ones(1, 2), "none", 2.0)
+    expected = q.float() - old  # (0, 0): 1 + 2^-30 and 1 + 2^-29 both round to 1 in float32
+    assert m["rollout/mismatch_log_ratio"].item() == expected.mean().item() == 0.0
+    assert m["rollout/mismatch_log_ratio_std"].item() == 0.0
+
+
+def test_without_old_or_sampler_values_none_passes_and_tis_refuses():
+    adv, old, q, _, mask = _units()
+    for o, s in [(None, q), (old, None), (None, None)]:
+        out, m = behaviour_correction(adv, o, s, mask, "none", 2.0)
+        assert out is adv and m == {}
+        with pytest.raises(RuntimeError, match="behaviour_correction=tis"):
+            behaviour_correction(adv, o, s, mask, "tis", 2.0)

@@ -22,7 +22,7 @@ from diffusion_rl.rl.objectives.base import StepContext
 from diffusion_rl.rl.objectives.bgpo import BGPO, BGPOConfig, bgpo_loss
 from diffusion_rl.rl.rollout import RolloutEngine
 from tests.helpers.common import compose_cfg, rollout_of
-from tests.helpers.random_model import MASK, ContextModel, forward_spy, random_batch
+from tests.helpers.random_model import MASK, ContextModel, forward_spy, input_spy, random_batch
 from tests.unit.likelihood.test_even_counts import drawn_inputs, ref_copy_estimates
 from tests.unit.rl.test_coupled_grpo import perturbed
 
@@ -381,3 +381,240 @@ def test_nonsense_fails_in_one_line(tmp_path, overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
         build(compose_cfg(["objective=bgpo", *overrides], tmp_path))
     assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- the loss and its metrics, unit by unit
+# BGPO's rule (the module docstring) written out for each row b and copy j in float64, with every branch
+# and bound exercised: the linear ratio at 0 (logged as 1e-6), on the upper bound and above it; the
+# exponential ratio on the lower bound, below it, on the dual clip and past it; A = 0 and 0 < A < 1 rows;
+# rows covering 4, 3, 2, 1 and no positions (not contiguous); K = 3 copies, L = 4 positions, B = 6 rows.
+
+Z = [[-1.0, 0.25, 0.5],  # A = 1.5: 1 + z = 0 (non-positive), 1.25 (the upper bound itself), 1.5 (clipped)
+     [-0.25, -1.0, 1.0],  # A = -0.7: exp(z) the lower bound itself, below it, the dual clip c itself
+     [-1.0, 2.0, 0.125],  # A = 0: exp(z) below the lower bound, past c, inside
+     [-0.5, 0.75, -0.125],  # A = 0.5: 1 + z below, above, inside the clip range
+     [0.0, 1.5, -0.5],  # A = -2: exp(z) 1, past c, below the lower bound
+     [0.25, -0.25, 0.0]]  # A = 1, no covered position: counts nowhere
+ADV = [1.5, -0.7, 0.0, 0.5, -2.0, 1.0]
+COVER = [[0, 1, 2, 3], [0, 2, 3], [0, 1, 2, 3], [1], [2, 3], []]
+
+
+def hand_case():
+    """(E, E_old, adv, mask, cfg) with the bounds set to the ratios of the edge units: 1 - eps is the
+    exp ratio of row 1 copy 0 and c that of row 1 copy 2, as the same float32 exp gives them."""
+    B, K, L = 6, 3, 4
+    old = torch.tensor([[-3.0 * b - j for j in range(K)] for b in range(B)])
+    z = torch.tensor(Z)
+    est = old + L * z  # exact: z in eighths, L = 4
+    mask = torch.zeros(B, K, L)
+    for b, cols in enumerate(COVER):
+        mask[b, :, cols] = 1
+    adv = torch.tensor(ADV)
+    zz = ((est - old) / L)[..., None].expand(B, K, L)
+    exp = torch.exp(torch.where((adv > 0)[:, None, None].expand(B, K, L), torch.zeros_like(zz), zz))
+    r_low, c = float(exp[1, 0, 0]), float(exp[1, 2, 0])
+    return est, old, adv, mask, BGPOConfig(eps=1 - r_low, eps_high=0.25, dual_clip=c), exp[..., 0]
+
+
+def hand_loss_and_metrics(est, old, adv, mask, cfg, exp32):
+    """The rule per unit, float64: -> loss (a graph on est), metrics. The comparisons with the bounds read
+    the ratio as float32 holds it (``exp32``, (B, K), for the exponential ratio; 1 + z is exact here), so
+    that a unit built on a bound is on it."""
+    B, K, L = mask.shape
+    e = est.double()
+    lo, hi, c = 1 - cfg.eps, 1 + cfg.eps_high, cfg.dual_clip
+    n = [int(mask[b, 0].sum()) for b in range(B)]
+    total, logs, low, high, dual, nonpos = 0.0, [], 0, 0, 0, 0
+    for b in range(B):
+        a = float(adv[b])
+        for j in range(K):
+            z = (e[b, j] - float(old[b, j])) / L
+            r = 1 + z if a > 0 else torch.exp(z)
+            l_bj = torch.maximum(-a * r, -a * r.clamp(lo, hi))
+            if a < 0:
+                l_bj = torch.minimum(l_bj, torch.tensor(-a * c, dtype=torch.float64))
+            total = total + n[b] * l_bj / (K * sum(n))
+            rv = float(r.detach()) if a > 0 else float(exp32[b, j])
+            logs += [math.log(max(rv, 1e-6)) if a > 0 else float(z)] * n[b]
+            low += n[b] * (rv < lo and a < 0)
+            high += n[b] * (rv > hi and a > 0)
+            dual += n[b] * (rv > c and a < 0)
+            nonpos += n[b] * (a > 0 and rv <= 0)
+    units = len(logs)
+    mean = sum(logs) / units
+    per_token = [[float(est[b, j]) / n[b] for j in range(K)] for b in range(B) if n[b]]
+    copy_mean = [sum(p) / K for p in per_token]
+    metrics = {"ratio/log_mean": mean, "ratio/log_std": math.sqrt(sum((x - mean) ** 2 for x in logs) / (units - 1)),
+               "ratio/log_min": min(logs), "ratio/log_max": max(logs),
+               "ratio/clip_frac_low": low / units, "ratio/clip_frac_high": high / units,
+               "bgpo/dual_clip_frac": dual / units, "bgpo/nonpositive_ratio_frac": nonpos / units,
+               "bgpo/elbo_per_token": sum(copy_mean) / len(per_token),
+               "bgpo/copy_std_per_token": sum(math.sqrt(sum((x - m) ** 2 for x in p) / (K - 1))
+                                              for p, m in zip(per_token, copy_mean)) / len(per_token)}
+    return total, metrics
+
+
+def test_loss_gradient_and_metrics_equal_the_rule_unit_by_unit():
+    est, old, adv, mask, cfg, exp32 = hand_case()
+    B, K, L = mask.shape
+    e = est.clone().requires_grad_(True)
+    loss, m = bgpo_loss(e[..., None].expand(B, K, L), old[..., None].expand(B, K, L), adv[:, None, None], mask, cfg,
+                        group_size=3)
+    x = est.clone().double().requires_grad_(True)
+    want, want_m = hand_loss_and_metrics(x, old, adv, mask, cfg, exp32)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6, abs=1e-7)
+    (g,) = torch.autograd.grad(loss, e)
+    (gw,) = torch.autograd.grad(want, x)
+    on_a_bound = torch.zeros_like(g, dtype=torch.bool)
+    on_a_bound[1, 0] = on_a_bound[1, 2] = True  # max / min / clamp at a tie: a subgradient either way
+    torch.testing.assert_close(g.double()[~on_a_bound], gw[~on_a_bound], rtol=1e-5, atol=1e-8)
+    assert m.keys() == want_m.keys()
+    for k, v in want_m.items():
+        assert m[k].item() == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    # what the case exercises: each bound met exactly and passed, and the non-positive linear ratio
+    assert want_m["ratio/clip_frac_low"] > 0 and want_m["ratio/clip_frac_high"] > 0 and want_m["bgpo/dual_clip_frac"] > 0
+    assert want_m["bgpo/nonpositive_ratio_frac"] > 0 and want_m["ratio/log_min"] == pytest.approx(math.log(1e-6))
+
+
+def test_the_metrics_with_one_and_two_copies_and_one_position():
+    """One copy: no spread to report. Two copies: their std. A one-position completion (L = 1)."""
+    est = torch.tensor([[-2.0, -4.0], [-1.0, -1.5]])
+    for K in (1, 2):
+        e = est[:, :K]
+        _, m = bgpo_loss(e[..., None], e[..., None], torch.tensor([1.0, -1.0])[:, None, None], torch.ones(2, K, 1),
+                         BGPOConfig(), group_size=2)
+        assert m["bgpo/elbo_per_token"].item() == pytest.approx(float(e.mean(-1).mean()))  # n = 1 per row
+        assert m["ratio/log_max"].item() == 0 and m["ratio/log_min"].item() == 0
+        if K == 1:
+            assert "bgpo/copy_std_per_token" not in m
+        else:
+            assert m["bgpo/copy_std_per_token"].item() == pytest.approx((math.sqrt(2.0) + math.sqrt(0.125)) / 2)
+
+
+# ---------------------------------------------------------------- the objective's pieces, against their inputs
+
+
+def hand_rollout(sampler_logp=None, offset=0, B=4, L=7):
+    """4 rows (2 groups of 2), 7 positions (n != L), row 1 ending early; a process's share at ``offset``."""
+    from diffusion_rl.core.distributed import Shard
+
+    prompt, pmask, comp, cmask = random_batch(B=B, L=L)
+    return rollout_of(prompt, pmask, comp, cmask, torch.arange(float(B)), torch.tensor([1.0, -1.0, 0.5, -0.5]), 2,
+                      shard=Shard(0, 1, offset), sampler_logp=sampler_logp)
+
+
+def test_every_update_reads_the_rollouts_first_masks_and_fresh_ones_are_the_policys():
+    """share_masks_with_old (default): every role at every update reads the seeds of the rollout's first
+    iteration, ``mask_seeds(run_seed, rollout_id, n, 0, offset)`` (DARE draws them once per batch); with
+    false the policy and the reference draw fresh ones at each update, the old policy keeps the first."""
+    from diffusion_rl.likelihood.base import mask_seeds
+
+    ro = hand_rollout(offset=5)
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=3), MASK)
+    first = mask_seeds(11, ro.rollout_id, 4, 0, 5)
+    shared, fresh = BGPO(BGPOConfig(), est), BGPO(BGPOConfig(share_masks_with_old=False), est)
+    news = []
+    for it in range(3):
+        ctx = StepContext(ro, it, 11, None, None, None)
+        for role in ("policy", "old", "ref"):
+            assert shared.mask_seeds(ctx, role) == first, (it, role)
+        assert fresh.mask_seeds(ctx, "old") == first
+        news.append(fresh.mask_seeds(ctx, "policy"))
+        assert fresh.mask_seeds(ctx, "ref") == news[-1] and len(set(news[-1]) & set(first)) == 0
+    assert len({tuple(s) for s in news}) == 3  # fresh at each update
+    assert mask_seeds(11, ro.rollout_id, 4, 0, 0) != first  # the offset is read: a process's rows draw their own
+
+
+def test_the_old_policy_keeps_the_first_iterations_masks_in_its_forwards():
+    """With share_masks_with_old=false the old policy's forward inputs at update 2 are those of update 0; the
+    policy's are fresh."""
+    ro = hand_rollout()
+    obj = BGPO(BGPOConfig(share_masks_with_old=False), EvenCountsEstimator(EvenCountsConfig(num_samples=3), MASK))
+    fwd, seen = input_spy(ContextModel(11))
+
+    def inputs(it, role):
+        seen.clear()
+        obj.logp_units(StepContext(ro, it, 3, fwd, fwd, None), fwd, role)
+        return torch.cat([ids for ids, _ in seen])
+
+    old0, old2, new2 = inputs(0, "old"), inputs(2, "old"), inputs(2, "policy")
+    assert torch.equal(old2, old0) and not torch.equal(new2, old2)
+
+
+@pytest.mark.parametrize("tokens", ["all", "completion"])
+def test_the_units_are_each_copys_estimate_and_the_kl_units_its_masked_tokens(tokens):
+    """From the forward's own inputs: copy c of row b masks the covered positions its input shows as the
+    mask token; its KL units are those tokens' log-probs (0 elsewhere), its ratio unit the estimate
+    ``n_b / x_bc * sum`` of them, repeated over the covered positions, which are its mask."""
+    import torch.nn.functional as F
+
+    ro = hand_rollout()
+    P, L = ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
+    model = ContextModel(P + L)
+    obj = BGPO(BGPOConfig(elbo_tokens=tokens), EvenCountsEstimator(EvenCountsConfig(num_samples=4), MASK))
+    fwd, seen = input_spy(model)
+    copies = [0, 3, 1]  # C = 3, n = 4, L = 7: every axis apart
+    s = obj.logp_units(StepContext(ro, 0, 3, fwd, fwd, None), fwd, "policy", copies=copies)
+    covered = (torch.ones_like(ro.completion_mask) if tokens == "all" else ro.completion_mask).bool()
+    assert len(seen) == len(copies) and s.logp.shape == s.kl_logp.shape == s.kl_mask.shape == (4, 3, L)
+    for c, (ids, attn) in enumerate(seen):
+        masked = (ids[:, P:] == MASK) & covered  # (n, L) what copy c masks of the covered positions
+        assert bool(masked.any(-1).all())  # every row masks at least one position
+        lp = F.log_softmax(model(ids, attn)[:, P:].float(), -1).gather(-1, ro.completion_ids[..., None])[..., 0]
+        assert torch.equal(s.kl_mask[:, c].bool(), masked)
+        torch.testing.assert_close(s.kl_logp[:, c], torch.where(masked, lp, torch.zeros_like(lp)))
+        for b in range(4):
+            e = covered[b].sum() / masked[b].sum() * lp[b][masked[b]].sum()
+            torch.testing.assert_close(s.logp[b, c], e.expand(L))
+            assert torch.equal(s.mask[b, c].bool(), covered[b])
+
+
+def test_the_mismatch_is_the_samplers_covered_sum_against_each_copys_old_estimate():
+    """rollout/mismatch_log_ratio: per row and copy, the sampler's log-prob summed over the covered tokens
+    minus the copy's old estimate, each (b, j) counted over the row's n_b covered positions."""
+    ro = hand_rollout()
+    g = torch.Generator().manual_seed(3)
+    q = -torch.rand(ro.completion_ids.shape, generator=g)
+    model = ContextModel(ro.prompt_ids.shape[1] + ro.completion_ids.shape[1])
+    old_model = perturbed(model, 0.1, 1)
+    for tokens in ("all", "completion"):
+        ro = hand_rollout(sampler_logp=q)
+        obj = BGPO(BGPOConfig(elbo_tokens=tokens), EvenCountsEstimator(EvenCountsConfig(num_samples=3), MASK))
+        ctx = StepContext(ro, 0, 3, model, old_model, None)
+        *_, (_, m) = obj.loss_parts(ctx)
+        with torch.no_grad():
+            old = obj.logp_units(ctx, old_model, "old").logp[..., 0]  # (n, K)
+        covered = torch.ones_like(ro.completion_mask) if tokens == "all" else ro.completion_mask
+        n = covered.sum(-1)
+        qs = (q * covered).sum(-1)  # (n,)
+        want = (n[:, None] * (qs[:, None] - old)).sum() / (3 * n.sum())
+        assert m["rollout/mismatch_log_ratio"].item() == pytest.approx(want.item(), abs=1e-5), tokens
+
+
+def test_without_beta_no_reference_forward_and_without_a_reference_no_kl():
+    """beta = 0 with a reference policy at hand: it is never run and no KL is logged; beta > 0 without one
+    (none is kept): the loss of beta = 0, as the template's."""
+    ro = hand_rollout()
+    model = ContextModel(11)
+    old = perturbed(model, 0.1, 2)
+    est = EvenCountsEstimator(EvenCountsConfig(num_samples=3), MASK)
+    ref, ref_seen = forward_spy(perturbed(model, 0.2, 3))
+    parts = list(BGPO(BGPOConfig(), est).loss_parts(StepContext(ro, 0, 3, model, old, ref)))
+    assert len(ref_seen) == 0 and all("train/kl" not in m for _, m in parts)
+    assert all(not m for _, m in parts[:-1]) and "ratio/log_mean" in parts[-1][1]  # the metrics come with the last part
+    plain = sum(p.item() for p, _ in parts)
+    anchored = list(BGPO(BGPOConfig(beta=0.04), est).loss_parts(StepContext(ro, 0, 3, model, old, None)))
+    assert sum(p.item() for p, _ in anchored) == pytest.approx(plain, abs=1e-7)
+    assert all("train/kl" not in m for _, m in anchored)
+
+
+def test_config_edges_and_exact_keys():
+    for ok in (dict(dual_clip=1.5), dict(dual_clip=1.01), dict(eps_high=0.01), dict(elbo_tokens="completion"),
+               dict(elbo_tokens="all")):
+        BGPOConfig(**ok).validate()
+    for bad, key in ((dict(dual_clip=1.0), "objective.dual_clip"), (dict(eps_high=0.0), "objective.eps_high"),
+                     (dict(eps=0.0), "objective.eps"), (dict(elbo_tokens="scored"), "objective.elbo_tokens"),
+                     (dict(behaviour_correction="tis"), "objective.behaviour_correction")):
+        with pytest.raises(ConfigError) as err:
+            BGPOConfig(**bad).validate()
+        assert err.value.key == key

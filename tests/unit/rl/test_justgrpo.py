@@ -469,3 +469,97 @@ def test_two_processes_give_the_one_process_loss_and_gradient(tmp_path):
     for two_loss, two_frac, _ in parts:
         assert two_loss == pytest.approx(loss, abs=1e-7) and two_frac == frac
     torch.testing.assert_close((parts[0][2] + parts[1][2]) / 2, grad, atol=1e-7, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- what the first mutation run left unchecked
+
+
+def test_per_token_advantages_are_refused_in_justgrpos_name():
+    """JustGRPO weighs whole samples: (B, L) advantages are refused, and the error says which objective refused."""
+    with pytest.raises(ValueError, match=r"^justgrpo\b"):
+        justgrpo_loss(-torch.rand(4, 3), None, torch.randn(4, 3), torch.ones(4, 3), JustGRPOConfig(), group_size=2)
+
+
+def test_the_loss_and_ratios_are_float32_whatever_the_log_probs_dtype():
+    """The public code's fp32 log-softmax: log-probs in float64 are read in float32 (a float32 loss)."""
+    lp = -torch.rand(4, 3, dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
+    loss, m = justgrpo_loss(lp, lp + 0.5, torch.tensor([[1.0], [-1.0], [2.0], [0.5]]), mask, JustGRPOConfig(), group_size=4)
+    assert loss.dtype == torch.float32
+    assert m["ratio/log_mean"].dtype == torch.float32 and m["ratio/log_mean"].item() == pytest.approx(-0.5)
+
+
+def test_tokens_per_sample_is_the_mean_count_of_scored_positions_per_sample():
+    mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])  # 3, 1, 5, 0
+    _, m = justgrpo_loss(torch.zeros(4, 5), None, torch.ones(4, 1), mask, JustGRPOConfig(), group_size=2)
+    assert m["justgrpo/tokens_per_sample"].item() == pytest.approx(9 / 4)
+
+
+def test_the_rollout_decoding_replaces_every_option_of_the_configured_sampler():
+    """One token per block and step at temperature 1, fixed counts, no cache, no guidance, confidence
+    remasking (moot with one position per block): whatever the configured sampler said."""
+    from diffusion_rl.likelihood.base import LikelihoodConfig
+    from diffusion_rl.likelihood.one_step import OneStepEstimator
+    from diffusion_rl.sampling.sampler import SamplerConfig
+
+    configured = SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=0.3, decode="threshold",
+                               kv_cache="dual", cfg_scale=1.5, remasking="random")
+    s = JustGRPO(JustGRPOConfig(), OneStepEstimator(LikelihoodConfig(), MASK)).rollout_sampler(configured)
+    assert (s.gen_length, s.block_length, s.steps, s.temperature) == (12, 1, 12, 1.0)
+    assert (s.decode, s.kv_cache, s.cfg_scale, s.remasking) == ("fixed", "none", 0.0, "low_confidence")
+
+
+def test_the_old_log_probs_are_the_samplers_on_the_scored_positions_and_0_elsewhere(tmp_path):
+    """With the givens pinned (never scored) and tokens=scored, compute_old_logp is the sampler's
+    recorded log-prob where a token is scored and 0 where it is not, as the policy's units are."""
+    c, ro = justgrpo_setup(tmp_path, groups=2)
+    comp = ro.completion_ids.clone()
+    free = (~ro.pinned[0]).nonzero()[:, 0]
+    comp[0, free[1]] = c.bundle.eos_token_id  # the first row ends at its second free position
+    ro = replace(ro, completion_ids=comp, completion_mask=completion_mask(comp, c.bundle.eos_token_id))
+    for tokens in ("all", "scored"):
+        obj = JustGRPO(replace(c.objective.cfg, tokens=tokens), c.objective.likelihood)
+        ctx = StepContext(ro, 0, 3, logits_fn(c.bundle.net), None, None)
+        scored = obj.tokens(ctx).bool()
+        old = obj.compute_old_logp(ctx)
+        assert torch.equal(old[scored], ro.sampler_logp[scored]) and bool((old[~scored] == 0).all()), tokens
+        assert bool(ro.pinned.any()) and not bool(scored[ro.pinned].any())
+    assert bool((scored[0, free[2]:] == 0).all())  # tokens=scored: nothing past the first row's EOS
+
+
+def test_without_recorded_log_probs_the_old_policy_scores_the_same_positions(tmp_path):
+    """A rollout without the sampler's log-probs: the old policy's left-to-right log-probs, one input per
+    scored position, as the policy's are scored; the ratio diagnostic reads them."""
+    import copy
+
+    c, ro = justgrpo_setup(tmp_path, groups=2)
+    ro = replace(ro, sampler_logp=None)
+    net = c.bundle.net.eval()
+    old_net = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in old_net.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+    ctx = StepContext(ro, 0, 3, logits_fn(net), logits_fn(old_net), None)
+    with torch.no_grad():
+        old = c.objective.compute_old_logp(ctx)
+        want = left_to_right_logps(logits_fn(old_net), ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ~ro.pinned,
+                                   c.bundle.mask_token_id, ro.pinned)
+        policy = left_to_right_logps(logits_fn(net), ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ~ro.pinned,
+                                     c.bundle.mask_token_id, ro.pinned)
+    torch.testing.assert_close(old, want)
+    _, m = c.objective.loss(ctx)
+    assert m["ratio/log_mean"].item() == pytest.approx((policy - want)[~ro.pinned].mean().item(), abs=1e-5)
+
+
+def test_at_the_first_update_the_old_log_probs_are_still_the_samplers(tmp_path):
+    """While the policy holds the rollout policy's weights (policy_is_old), the other objectives take the
+    policy's own detached log-probs as the old ones; JustGRPO's are the sampler's, so the diagnostic
+    still measures the policy against the sampler (here a sampler off by a known amount per token)."""
+    c, ro = justgrpo_setup(tmp_path, groups=2)
+    scored = ~ro.pinned
+    shift = torch.linspace(-0.5, 0.7, ro.sampler_logp.numel()).view_as(ro.sampler_logp) * scored
+    ro = replace(ro, sampler_logp=ro.sampler_logp + shift)
+    f = logits_fn(c.bundle.net.eval())
+    _, m = c.objective.loss(StepContext(ro, 0, 3, f, None, None, policy_is_old=True))
+    assert m["ratio/log_mean"].item() == pytest.approx(-shift[scored].mean().item(), abs=1e-4)
+    assert m["ratio/log_min"].item() == pytest.approx(-shift[scored].max().item(), abs=1e-4)
