@@ -93,6 +93,7 @@ _RANDINT = "torch.randint(high, size) is torch.randint(0, high, size): the same 
 _FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: < 0, <= 0 and < 1 read the same"
 _COST_ONLY = "chunks under checkpointing give the values and gradients of one pass (a test checks it): a cost only"
 _MEAN_NO_T = "the 'mean' reduction averages the scored log-probs and reads no masking rate"
+_NONE_END = "str.find and a slice read an end of None as the string's end: the same as len(text)"
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -490,6 +491,22 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_23": ('text.find("</answer>", m.end()) >= 1', _FOUND_AFTER_TAG),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_33": ("bool(ends) and mid_at > 0 and", "the middle is searched from after the head: found, it is at >= 12"),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_34": ("bool(ends) and mid_at >= 1 and", "the middle is searched from after the head: found, it is at >= 12"),
+    # rewards/prompted.py
+    "diffusion_rl.rewards.prompted.x_until_end_token__mutmut_1": ("cut = None", _NONE_END),
+    "diffusion_rl.rewards.prompted.x_until_end_token__mutmut_4": ("text.find(token, None, cut)", "str.find reads a start of None as 0"),
+    # rewards/d1/arith.py
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_12": ("right >= 0 and abs(left) > 1", "an exponent of 0 gives (bits - 1) * 0 = 0, never over the bound"),
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_13": (
+        "right > 1 and abs(left) > 1", "an exponent of 1 is over the bound only for a base over MAX_INT_BITS bits, and every operand is "
+                                       "size-checked (a literal has at most 4300 digits)"),
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_15": ("abs(left) >= 1 and", "a base of 1 or -1 has one bit: (1 - 1) * right = 0, never over the bound"),
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_21": (
+        "(abs(left).bit_length() - 1) * right >= MAX_INT_BITS",
+        "at (bits - 1) * e = MAX_INT_BITS the power has MAX_INT_BITS + 1 bits or more: _check_size refuses it once computed, "
+        "the same TOO_LARGE (one power's cost)"),
+    "diffusion_rl.rewards.d1.arith.x_d1_arith_value__mutmut_12": ('expr.lstrip("XX \\tXX")', "a whitelisted expression holds no X: stripping X too strips the same"),
+    "diffusion_rl.rewards.d1.arith.x_d1_arith_value__mutmut_22": (
+        "isinstance(value, int | float | complex)) or True", "_value returns numbers only: int or float constants through numeric operators"),
     # rl/objectives/espo.py
     "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
