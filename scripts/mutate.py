@@ -68,7 +68,8 @@ ALSO_COPY = ("conf", "docs", "scripts")
 # and a test matching a message's every word would be a snapshot of it. mutmut reads these as regular
 # expressions searched in each line, and skips every statement that starts on a matching line.
 NOT_MUTATED = (r"^\s*raise\b", r"^\s*assert\b", r"^\s*warnings\.warn\(",
-               r"^\s*(log|logger)\.(debug|info|warning|error)\(")
+               r"^\s*(log|logger)\.(debug|info|warning|error)\(",
+               r"^\s*_warn_once\(")  # rewards/math500.py's log.warning, once per key
 
 # Equivalent mutants: no test can tell them from the original. Keyed by mutmut's name, with the line
 # as the mutant reads it (an entry whose line no longer matches the mutant is stale and counts as a
@@ -94,6 +95,10 @@ _FOUND_AFTER_TAG = "a close tag found after the open one is at a position > 0: <
 _COST_ONLY = "chunks under checkpointing give the values and gradients of one pass (a test checks it): a cost only"
 _MEAN_NO_T = "the 'mean' reduction averages the scored log-probs and reads no masking rate"
 _NONE_END = "str.find and a slice read an end of None as the string's end: the same as len(text)"
+_WARNED_KEY = "the set of warned keys kept under another key of _state, which nothing else reads"
+_WARM_GOLD = "the warm-up's gold: any answer math-verify parses; which sympy paths it warms up is a cost, not a verdict"
+_FLAGS_KEPT = ("no default needed: a restore follows a deadline inside math-verify, which loads only after sympy's flags "
+               "are recorded")
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -507,6 +512,26 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.d1.arith.x_d1_arith_value__mutmut_12": ('expr.lstrip("XX \\tXX")', "a whitelisted expression holds no X: stripping X too strips the same"),
     "diffusion_rl.rewards.d1.arith.x_d1_arith_value__mutmut_22": (
         "isinstance(value, int | float | complex)) or True", "_value returns numbers only: int or float constants through numeric operators"),
+    # rewards/math500.py
+    "diffusion_rl.rewards.math500.x__warn_once__mutmut_2": ('_state.setdefault(None, set())', _WARNED_KEY),
+    "diffusion_rl.rewards.math500.x__warn_once__mutmut_6": ('_state.setdefault("XXwarnedXX", set())', _WARNED_KEY),
+    "diffusion_rl.rewards.math500.x__warn_once__mutmut_7": ('_state.setdefault("WARNED", set())', _WARNED_KEY),
+    "diffusion_rl.rewards.math500.x__math_verify__mutmut_12": ("gold = _parse_latex(parse, None)", _WARM_GOLD),
+    "diffusion_rl.rewards.math500.x__math_verify__mutmut_15": ('gold = _parse_latex(parse, "XX3XX")', _WARM_GOLD),
+    "diffusion_rl.rewards.math500.x__restore_sympy_globals__mutmut_2": ('_state.get("sympy_globals", None)', _FLAGS_KEPT),
+    "diffusion_rl.rewards.math500.x__restore_sympy_globals__mutmut_4": ('_state.get("sympy_globals", )', _FLAGS_KEPT),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_15": ("            _armed = None", _NONE_FALSE),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_16": (
+        "            _armed = True", "the outer finally disarms on the next line: only an alarm landing between the two could tell, "
+                                     "which no test can time"),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_21": (
+        "            signal.setitimer(signal.ITIMER_REAL, 1)", "the outer finally stops the timer on its next lines, long before a second passes"),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_22": ("        _armed = None", _NONE_FALSE),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_34": (
+        "previous if (previous is not None) or True else signal.SIG_DFL",
+        "signal.signal returns None only for a handler set outside Python before it started; the tests' process has Python's"),
+    "diffusion_rl.rewards.math500.x__gold_answer__mutmut_10": (
+        'last_boxed(gold) if ("\\\\boxed{" in gold) or True else None', "last_boxed finds no box in a gold that holds none: None either way"),
     # rl/objectives/espo.py
     "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
