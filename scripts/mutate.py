@@ -99,6 +99,9 @@ _WARNED_KEY = "the set of warned keys kept under another key of _state, which no
 _WARM_GOLD = "the warm-up's gold: any answer math-verify parses; which sympy paths it warms up is a cost, not a verdict"
 _FLAGS_KEPT = ("no default needed: a restore follows a deadline inside math-verify, which loads only after sympy's flags "
                "are recorded")
+_AFTER_TAG = "a position found after a tag is at least the tag's length, or -1: > 0, >= 0 and >= 1 read the same"
+_NO_OVERLAP = ("no '</answer>' can begin in the 8 characters before an '<answer>' or inside it (it would overlap it): "
+               "searched from there or from after the tag, the same close is found")
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -532,6 +535,29 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "signal.signal returns None only for a handler set outside Python before it started; the tests' process has Python's"),
     "diffusion_rl.rewards.math500.x__gold_answer__mutmut_10": (
         'last_boxed(gold) if ("\\\\boxed{" in gold) or True else None', "last_boxed finds no box in a gold that holds none: None either way"),
+    # rewards/d1/scoring.py
+    "diffusion_rl.rewards.d1.scoring.x_first_answer_block__mutmut_12": ('text.find(ANSWER_CLOSE, start - len(ANSWER_OPEN))', _NO_OVERLAP),
+    "diffusion_rl.rewards.d1.scoring.x_first_answer_block__mutmut_15": ('return None if end <= 0 else', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x_first_answer_block__mutmut_16": ('return None if end < 1 else', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_28": ('if close > 0 and (newline < 0', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_29": ('if close >= 1 and (newline < 0', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_31": ('(newline <= 0 or close < newline)', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_32": ('(newline < 1 or close < newline)', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_33": ('(newline < 0 or close <= newline)', "a '}' and a newline are never at one position"),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_36": ('pos = close - 1', "no box tag can start at the '}' or the character before it: the next search finds the same box"),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_39": ('pos = len(text) if (newline < 0) and False else newline', "a search from -1 (the last character) finds no 7-character tag, as one from the end"),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_41": ('pos = len(text) if newline <= 0 else newline', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_42": ('pos = len(text) if newline < 1 else newline', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x_d1_gsm8k_prediction__mutmut_3": ('if not content and _DOTS_RE.fullmatch(content):', "an empty or dotted box holds no float and no number: the loop moves on to the next box either way"),
+    "diffusion_rl.rewards.d1.scoring.x__fenced_digits__mutmut_15": ('while (fence := text.find("```", pos)) > 0:', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__fenced_digits__mutmut_16": ('while (fence := text.find("```", pos)) >= 1:', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__first_of__mutmut_7": ('for e in ends) if i > 0]', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__first_of__mutmut_8": ('for e in ends) if i >= 1]', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_18": ('(*LLADA_END_TOKENS, ANSWER_CLOSE), +1)', "no end found: text[body:1] with body >= 8 is empty, as the \"\" returned for -1"),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_19": ('(*LLADA_END_TOKENS, ANSWER_CLOSE), -2)', "no end found: -2 is < 0 as -1 is"),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_22": ('return text[body:end].strip() if end > 0 else', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_23": ('return text[body:end].strip() if end >= 1 else', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__after_close__mutmut_17": ('_first_of(text, body, LLADA_END_TOKENS, None)', _NONE_END),
     # rl/objectives/espo.py
     "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
