@@ -102,6 +102,7 @@ _FLAGS_KEPT = ("no default needed: a restore follows a deadline inside math-veri
 _AFTER_TAG = "a position found after a tag is at least the tag's length, or -1: > 0, >= 0 and >= 1 read the same"
 _NO_OVERLAP = ("no '</answer>' can begin in the 8 characters before an '<answer>' or inside it (it would overlap it): "
                "searched from there or from after the tag, the same close is found")
+_BELOW_BODY = "a first value below every body (at 31 or later): any such value makes the first candidate look its close and line end up"
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -558,6 +559,30 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_22": ('return text[body:end].strip() if end > 0 else', _AFTER_TAG),
     "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_23": ('return text[body:end].strip() if end >= 1 else', _AFTER_TAG),
     "diffusion_rl.rewards.d1.scoring.x__after_close__mutmut_17": ('_first_of(text, body, LLADA_END_TOKENS, None)', _NONE_END),
+    # rewards/d1/rewards.py
+    "diffusion_rl.rewards.d1.rewards.x_d1_last_answer_block__mutmut_16": ('end = text.find(_CLOSE, start - len(_OPEN))', _NO_OVERLAP),
+    "diffusion_rl.rewards.d1.rewards.x_d1_last_answer_block__mutmut_17": ('        if end <= 0:', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_last_answer_block__mutmut_18": ('        if end < 1:', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_xml_count__mutmut_8": ('        count = TAG_REWARD', "the first tag's term: count is 0.0 there, so = and += give the same"),
+    "diffusion_rl.rewards.d1.rewards.x__line_end__mutmut_10": ('return len(text) if end <= 0 else end', "every caller starts after a tag (at 11 or later): a newline found is past 0"),
+    "diffusion_rl.rewards.d1.rewards.x__line_end__mutmut_11": ('return len(text) if end < 1 else end', "every caller starts after a tag (at 11 or later): a newline found is past 0"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_9": ('first_line_end = _line_end(text, None)', "the text starts with '<reasoning>', which holds no newline: searched from 0 or from after it, the same first newline"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_13": ('pos, close, close_line_end = len(head), +1, -1', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_14": ('pos, close, close_line_end = len(head), -2, -1', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_15": ('pos, close, close_line_end = len(head), -1, +1', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_16": ('pos, close, close_line_end = len(head), -1, -2', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_17": ('while 1 <= (r := text.find("</reasoning>", pos))', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_18": ('while 0 < (r := text.find("</reasoning>", pos))', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_26": ('(r := text.find("</reasoning>", pos)) <= first_line_end:', "a '</reasoning>' never starts at a newline, nor at the text's end"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_29": ('pos = r + 2', "no '</reasoning>' starts one character after another (it would overlap it)"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_45": ('if close <= body:', "a close already at body is found again at body: the same position"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_56": ('close = len(text) + 2 if close < 0 else close', "any position past the text stands for no close alike: beyond every line end and every body"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_57": ('close = len(text) + 1 if close <= 0 else close', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_58": ('close = len(text) + 1 if close < 1 else close', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_59": ('if close_line_end <= body:', "a line end already at body is found again at body: the same position"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_65": ('if close <= close_line_end:', "a close (a '<' or past the text) and a line end (a newline or the text's end) are never at one position"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_countdown_score__mutmut_22": ('        right = None', _NONE_FALSE),
+    "diffusion_rl.rewards.d1.rewards.x_d1_sudoku_score__mutmut_6": ('digits = "XXXX" if block is None else', "a Sudoku solution is digits 1 to 4: 'XXXX' padded with '0' matches none of its cells, 0.0 as without a block"),
     # rl/objectives/espo.py
     "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
