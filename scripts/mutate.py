@@ -102,7 +102,7 @@ _FLAGS_KEPT = ("no default needed: a restore follows a deadline inside math-veri
 _AFTER_TAG = "a position found after a tag is at least the tag's length, or -1: > 0, >= 0 and >= 1 read the same"
 _NO_OVERLAP = ("no '</answer>' can begin in the 8 characters before an '<answer>' or inside it (it would overlap it): "
                "searched from there or from after the tag, the same close is found")
-_BELOW_BODY = "a first value below every body (at 31 or later): any such value makes the first candidate look its close and line end up"
+_BELOW_BODY = "the first candidate looks its close and line end up for any start value below its body (at 31 or later)"
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -583,6 +583,10 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_65": ('if close <= close_line_end:', "a close (a '<' or past the text) and a line end (a newline or the text's end) are never at one position"),
     "diffusion_rl.rewards.d1.rewards.x_d1_countdown_score__mutmut_22": ('        right = None', _NONE_FALSE),
     "diffusion_rl.rewards.d1.rewards.x_d1_sudoku_score__mutmut_6": ('digits = "XXXX" if block is None else', "a Sudoku solution is digits 1 to 4: 'XXXX' padded with '0' matches none of its cells, 0.0 as without a block"),
+    # rewards/d1/latex.py
+    "diffusion_rl.rewards.d1.latex.x_d1_is_equiv__mutmut_10": (
+        "if a is None and b is None:", "when one side alone fails to normalise the strings differ (equal ones normalise alike): raw "
+                                       "equality and None == str are both False"),
     # rl/objectives/espo.py
     "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
