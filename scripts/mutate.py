@@ -103,6 +103,8 @@ _AFTER_TAG = "a position found after a tag is at least the tag's length, or -1: 
 _NO_OVERLAP = ("no '</answer>' can begin in the 8 characters before an '<answer>' or inside it (it would overlap it): "
                "searched from there or from after the tag, the same close is found")
 _BELOW_BODY = "the first candidate looks its close and line end up for any start value below its body (at 31 or later)"
+_FILENAME = "the file name compile is given appears only in tracebacks: the code compiles or not alike"
+_DETAIL_WORDS = "the words of a result's detail, a message for the reader (NOT_MUTATED's rule for messages); a test checks there is one"
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -587,6 +589,15 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.d1.latex.x_d1_is_equiv__mutmut_10": (
         "if a is None and b is None:", "when one side alone fails to normalise the strings differ (equal ones normalise alike): raw "
                                        "equality and None == str are both False"),
+    # rewards/code.py
+    "diffusion_rl.rewards.code.x_extract_code__mutmut_28": ("return text[start:] if end <= 0 else", _AFTER_TAG),
+    "diffusion_rl.rewards.code.x_extract_code__mutmut_29": ("return text[start:] if end < 1 else", _AFTER_TAG),
+    "diffusion_rl.rewards.code.x__compiles__mutmut_7": ('compile(code, "XX<completion>XX", "exec")', _FILENAME),
+    "diffusion_rl.rewards.code.x__compiles__mutmut_8": ('compile(code, "<COMPLETION>", "exec")', _FILENAME),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁresults__mutmut_45": ('"XXthe item has no testsXX"))', _DETAIL_WORDS),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁresults__mutmut_46": ('"THE ITEM HAS NO TESTS"))', _DETAIL_WORDS),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁresults__mutmut_51": ("self._cache.popitem(last=None)", _NONE_FALSE),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁcorrect__mutmut_3": ("self._score(completions, fields, partial=None)", _NONE_FALSE),
     # rl/objectives/espo.py
     "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),
