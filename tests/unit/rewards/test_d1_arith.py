@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 
 import pytest
 
@@ -95,7 +96,17 @@ def test_uses_numbers_reads_every_run_of_digits():
 
 
 # ---- the bounds at their exact edges ---------------------------------------------------------------
-def test_nesting_depth_is_allowed_up_to_max_depth_and_no_further():
+@pytest.fixture
+def deep_stack():
+    """Room on the stack for a harness that wraps each call of the walk (mutmut's trampolines), so that
+    MAX_DEPTH, not Python's recursion limit, decides."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20 * MAX_DEPTH))
+    yield
+    sys.setrecursionlimit(limit)
+
+
+def test_nesting_depth_is_allowed_up_to_max_depth_and_no_further(deep_stack):
     # the innermost number of k operators deep sits at depth k: MAX_DEPTH of them are evaluated,
     # one more is an error. Unary signs, a left-nested chain (+ is left-associative) and a
     # right-nested one (** is right-associative; 1 ** 1 keeps every power at 1)
