@@ -74,7 +74,8 @@ FORKSERVER_AREAS = ("tasks",)
 # and a test matching a message's every word would be a snapshot of it. mutmut reads these as regular
 # expressions searched in each line, and skips every statement that starts on a matching line.
 NOT_MUTATED = (r"^\s*raise\b", r"^\s*assert\b", r"^\s*warnings\.warn\(",
-               r"^\s*(log|logger)\.(debug|info|warning|error)\(")
+               r"^\s*(log|logger)\.(debug|info|warning|error)\(",
+               r"^\s*_warn_once\(")  # rewards/math500.py's log.warning, once per key
 
 # Equivalent mutants: no test can tell them from the original. Keyed by mutmut's name, with the line
 # as the mutant reads it (an entry whose line no longer matches the mutant is stale and counts as a
@@ -103,6 +104,17 @@ _ROLE_SPELLING = "the masks read the role only as 'old' or not: another spelling
 _NO_GROUPS = "bgpo_loss reads no group size (its token mean is over every covered unit)"
 _METRICS_ONLY = ("only the metrics ([1]) are read, and with behaviour_correction=none (BGPO refuses tis) they read "
                  "neither the advantages nor the cap")
+_NONE_END = "str.find and a slice read an end of None as the string's end: the same as len(text)"
+_WARNED_KEY = "the set of warned keys kept under another key of _state, which nothing else reads"
+_WARM_GOLD = "the warm-up's gold: any answer math-verify parses; which sympy paths it warms up is a cost, not a verdict"
+_FLAGS_KEPT = ("no default needed: a restore follows a deadline inside math-verify, which loads only after sympy's flags "
+               "are recorded")
+_AFTER_TAG = "a position found after a tag is at least the tag's length, or -1: > 0, >= 0 and >= 1 read the same"
+_NO_OVERLAP = ("no '</answer>' can begin in the 8 characters before an '<answer>' or inside it (it would overlap it): "
+               "searched from there or from after the tag, the same close is found")
+_BELOW_BODY = "the first candidate looks its close and line end up for any start value below its body (at 31 or later)"
+_FILENAME = "the file name compile is given appears only in tracebacks: the code compiles or not alike"
+_DETAIL_WORDS = "the words of a result's detail, a message for the reader (NOT_MUTATED's rule for messages); a test checks there is one"
 _DIGITS_ONLY = "the string is digits only (the number pattern matched it): stripping X too strips the same"
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # rl/advantages.py
@@ -500,6 +512,102 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rewards.gsm8k.x_soft_format_ok__mutmut_23": ('text.find("</answer>", m.end()) >= 1', _FOUND_AFTER_TAG),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_33": ("bool(ends) and mid_at > 0 and", "the middle is searched from after the head: found, it is at >= 12"),
     "diffusion_rl.rewards.gsm8k.x_strict_format_ok__mutmut_34": ("bool(ends) and mid_at >= 1 and", "the middle is searched from after the head: found, it is at >= 12"),
+    # rewards/prompted.py
+    "diffusion_rl.rewards.prompted.x_until_end_token__mutmut_1": ("cut = None", _NONE_END),
+    "diffusion_rl.rewards.prompted.x_until_end_token__mutmut_4": ("text.find(token, None, cut)", "str.find reads a start of None as 0"),
+    # rewards/d1/arith.py
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_12": ("right >= 0 and abs(left) > 1", "an exponent of 0 gives (bits - 1) * 0 = 0, never over the bound"),
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_13": (
+        "right > 1 and abs(left) > 1", "an exponent of 1 is over the bound only for a base over MAX_INT_BITS bits, and every operand is "
+                                       "size-checked (a literal has at most 4300 digits)"),
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_15": ("abs(left) >= 1 and", "a base of 1 or -1 has one bit: (1 - 1) * right = 0, never over the bound"),
+    "diffusion_rl.rewards.d1.arith.x__binary__mutmut_21": (
+        "(abs(left).bit_length() - 1) * right >= MAX_INT_BITS",
+        "at (bits - 1) * e = MAX_INT_BITS the power has MAX_INT_BITS + 1 bits or more: _check_size refuses it once computed, "
+        "the same TOO_LARGE (one power's cost)"),
+    "diffusion_rl.rewards.d1.arith.x_d1_arith_value__mutmut_12": ('expr.lstrip("XX \\tXX")', "a whitelisted expression holds no X: stripping X too strips the same"),
+    "diffusion_rl.rewards.d1.arith.x_d1_arith_value__mutmut_22": (
+        "isinstance(value, int | float | complex)) or True", "_value returns numbers only: int or float constants through numeric operators"),
+    # rewards/math500.py
+    "diffusion_rl.rewards.math500.x__warn_once__mutmut_2": ('_state.setdefault(None, set())', _WARNED_KEY),
+    "diffusion_rl.rewards.math500.x__warn_once__mutmut_6": ('_state.setdefault("XXwarnedXX", set())', _WARNED_KEY),
+    "diffusion_rl.rewards.math500.x__warn_once__mutmut_7": ('_state.setdefault("WARNED", set())', _WARNED_KEY),
+    "diffusion_rl.rewards.math500.x__math_verify__mutmut_12": ("gold = _parse_latex(parse, None)", _WARM_GOLD),
+    "diffusion_rl.rewards.math500.x__math_verify__mutmut_15": ('gold = _parse_latex(parse, "XX3XX")', _WARM_GOLD),
+    "diffusion_rl.rewards.math500.x__restore_sympy_globals__mutmut_2": ('_state.get("sympy_globals", None)', _FLAGS_KEPT),
+    "diffusion_rl.rewards.math500.x__restore_sympy_globals__mutmut_4": ('_state.get("sympy_globals", )', _FLAGS_KEPT),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_15": ("            _armed = None", _NONE_FALSE),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_16": (
+        "            _armed = True", "the outer finally disarms on the next line: only an alarm landing between the two could tell, "
+                                     "which no test can time"),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_21": (
+        "            signal.setitimer(signal.ITIMER_REAL, 1)", "the outer finally stops the timer on its next lines, long before a second passes"),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_22": ("        _armed = None", _NONE_FALSE),
+    "diffusion_rl.rewards.math500.x__run_with_deadline__mutmut_34": (
+        "previous if (previous is not None) or True else signal.SIG_DFL",
+        "signal.signal returns None only for a handler set outside Python before it started; the tests' process has Python's"),
+    "diffusion_rl.rewards.math500.x__gold_answer__mutmut_10": (
+        'last_boxed(gold) if ("\\\\boxed{" in gold) or True else None', "last_boxed finds no box in a gold that holds none: None either way"),
+    # rewards/d1/scoring.py
+    "diffusion_rl.rewards.d1.scoring.x_first_answer_block__mutmut_12": ('text.find(ANSWER_CLOSE, start - len(ANSWER_OPEN))', _NO_OVERLAP),
+    "diffusion_rl.rewards.d1.scoring.x_first_answer_block__mutmut_15": ('return None if end <= 0 else', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x_first_answer_block__mutmut_16": ('return None if end < 1 else', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_28": ('if close > 0 and (newline < 0', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_29": ('if close >= 1 and (newline < 0', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_31": ('(newline <= 0 or close < newline)', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_32": ('(newline < 1 or close < newline)', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_33": ('(newline < 0 or close <= newline)', "a '}' and a newline are never at one position"),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_36": ('pos = close - 1', "no box tag can start at the '}' or the character before it: the next search finds the same box"),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_39": ('pos = len(text) if (newline < 0) and False else newline', "a search from -1 (the last character) finds no 7-character tag, as one from the end"),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_41": ('pos = len(text) if newline <= 0 else newline', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__box_contents__mutmut_42": ('pos = len(text) if newline < 1 else newline', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x_d1_gsm8k_prediction__mutmut_3": ('if not content and _DOTS_RE.fullmatch(content):', "an empty or dotted box holds no float and no number: the loop moves on to the next box either way"),
+    "diffusion_rl.rewards.d1.scoring.x__fenced_digits__mutmut_15": ('while (fence := text.find("```", pos)) > 0:', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__fenced_digits__mutmut_16": ('while (fence := text.find("```", pos)) >= 1:', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__first_of__mutmut_7": ('for e in ends) if i > 0]', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__first_of__mutmut_8": ('for e in ends) if i >= 1]', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_18": ('(*LLADA_END_TOKENS, ANSWER_CLOSE), +1)', "no end found: text[body:1] with body >= 8 is empty, as the \"\" returned for -1"),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_19": ('(*LLADA_END_TOKENS, ANSWER_CLOSE), -2)', "no end found: -2 is < 0 as -1 is"),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_22": ('return text[body:end].strip() if end > 0 else', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__after_answer__mutmut_23": ('return text[body:end].strip() if end >= 1 else', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.scoring.x__after_close__mutmut_17": ('_first_of(text, body, LLADA_END_TOKENS, None)', _NONE_END),
+    # rewards/d1/rewards.py
+    "diffusion_rl.rewards.d1.rewards.x_d1_last_answer_block__mutmut_16": ('end = text.find(_CLOSE, start - len(_OPEN))', _NO_OVERLAP),
+    "diffusion_rl.rewards.d1.rewards.x_d1_last_answer_block__mutmut_17": ('        if end <= 0:', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_last_answer_block__mutmut_18": ('        if end < 1:', _FOUND_AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_xml_count__mutmut_8": ('        count = TAG_REWARD', "the first tag's term: count is 0.0 there, so = and += give the same"),
+    "diffusion_rl.rewards.d1.rewards.x__line_end__mutmut_10": ('return len(text) if end <= 0 else end', "every caller starts after a tag (at 11 or later): a newline found is past 0"),
+    "diffusion_rl.rewards.d1.rewards.x__line_end__mutmut_11": ('return len(text) if end < 1 else end', "every caller starts after a tag (at 11 or later): a newline found is past 0"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_9": ('first_line_end = _line_end(text, None)', "the text starts with '<reasoning>', which holds no newline: searched from 0 or from after it, the same first newline"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_13": ('pos, close, close_line_end = len(head), +1, -1', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_14": ('pos, close, close_line_end = len(head), -2, -1', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_15": ('pos, close, close_line_end = len(head), -1, +1', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_16": ('pos, close, close_line_end = len(head), -1, -2', _BELOW_BODY),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_17": ('while 1 <= (r := text.find("</reasoning>", pos))', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_18": ('while 0 < (r := text.find("</reasoning>", pos))', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_26": ('(r := text.find("</reasoning>", pos)) <= first_line_end:', "a '</reasoning>' never starts at a newline, nor at the text's end"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_29": ('pos = r + 2', "no '</reasoning>' starts one character after another (it would overlap it)"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_45": ('if close <= body:', "a close already at body is found again at body: the same position"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_56": ('close = len(text) + 2 if close < 0 else close', "any position past the text stands for no close alike: beyond every line end and every body"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_57": ('close = len(text) + 1 if close <= 0 else close', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_58": ('close = len(text) + 1 if close < 1 else close', _AFTER_TAG),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_59": ('if close_line_end <= body:', "a line end already at body is found again at body: the same position"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_soft_format_ok__mutmut_65": ('if close <= close_line_end:', "a close (a '<' or past the text) and a line end (a newline or the text's end) are never at one position"),
+    "diffusion_rl.rewards.d1.rewards.x_d1_countdown_score__mutmut_22": ('        right = None', _NONE_FALSE),
+    "diffusion_rl.rewards.d1.rewards.x_d1_sudoku_score__mutmut_6": ('digits = "XXXX" if block is None else', "a Sudoku solution is digits 1 to 4: 'XXXX' padded with '0' matches none of its cells, 0.0 as without a block"),
+    # rewards/d1/latex.py
+    "diffusion_rl.rewards.d1.latex.x_d1_is_equiv__mutmut_10": (
+        "if a is None and b is None:", "when one side alone fails to normalise the strings differ (equal ones normalise alike): raw "
+                                       "equality and None == str are both False"),
+    # rewards/code.py
+    "diffusion_rl.rewards.code.x_extract_code__mutmut_28": ("return text[start:] if end <= 0 else", _AFTER_TAG),
+    "diffusion_rl.rewards.code.x_extract_code__mutmut_29": ("return text[start:] if end < 1 else", _AFTER_TAG),
+    "diffusion_rl.rewards.code.x__compiles__mutmut_7": ('compile(code, "XX<completion>XX", "exec")', _FILENAME),
+    "diffusion_rl.rewards.code.x__compiles__mutmut_8": ('compile(code, "<COMPLETION>", "exec")', _FILENAME),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁresults__mutmut_45": ('"XXthe item has no testsXX"))', _DETAIL_WORDS),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁresults__mutmut_46": ('"THE ITEM HAS NO TESTS"))', _DETAIL_WORDS),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁresults__mutmut_51": ("self._cache.popitem(last=None)", _NONE_FALSE),
+    "diffusion_rl.rewards.code.xǁCodeRewardǁcorrect__mutmut_3": ("self._score(completions, fields, partial=None)", _NONE_FALSE),
     # rl/objectives/espo.py
     "diffusion_rl.rl.objectives.espo.x_sequence_elbo__mutmut_9": ("torch.zeros_like(terms)).sum(+1)", _AXIS_2D + " (B, L)"),
     "diffusion_rl.rl.objectives.espo.x_espo_loss__mutmut_5": ("n = mask.sum(+1).clamp_min(1)", _AXIS_2D + " (B, L)"),

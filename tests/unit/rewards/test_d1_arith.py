@@ -6,11 +6,15 @@ Run: pytest tests/unit/rewards/test_d1_arith.py -q
 
 from __future__ import annotations
 
+import ast
 import math
+import sys
 
 import pytest
 
+from diffusion_rl.rewards.d1 import arith
 from diffusion_rl.rewards.d1.arith import (
+    MAX_DEPTH,
     MAX_INT_BITS,
     TOO_LARGE,
     d1_arith_value,
@@ -89,3 +93,62 @@ def test_uses_numbers_reads_every_run_of_digits():
     assert d1_uses_numbers("٣+5", [3, 5])  # Unicode digits are digits
     assert not d1_uses_numbers("49 + 55", [49, 55, 53])
     assert not d1_uses_numbers("9" * 5000, [1])  # over Python's int-string limit: not valid, no crash
+
+
+# ---- the bounds at their exact edges ---------------------------------------------------------------
+@pytest.fixture
+def deep_stack():
+    """Room on the stack for a harness that wraps each call of the walk (mutmut's trampolines), so that
+    MAX_DEPTH, not Python's recursion limit, decides."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20 * MAX_DEPTH))
+    yield
+    sys.setrecursionlimit(limit)
+
+
+def test_nesting_depth_is_allowed_up_to_max_depth_and_no_further(deep_stack):
+    # the innermost number of k operators deep sits at depth k: MAX_DEPTH of them are evaluated,
+    # one more is an error. Unary signs, a left-nested chain (+ is left-associative) and a
+    # right-nested one (** is right-associative; 1 ** 1 keeps every power at 1)
+    assert MAX_DEPTH == 400
+    assert d1_arith_value("-" * MAX_DEPTH + "1") == 1 and d1_arith_value("-" * (MAX_DEPTH - 1) + "1") == -1
+    assert d1_arith_value("-" * (MAX_DEPTH + 1) + "1") is None
+    assert d1_arith_value("+".join(["1"] * (MAX_DEPTH + 1))) == MAX_DEPTH + 1
+    assert d1_arith_value("+".join(["1"] * (MAX_DEPTH + 2))) is None
+    assert d1_arith_value("**".join(["1"] * (MAX_DEPTH + 1))) == 1
+    assert d1_arith_value("**".join(["1"] * (MAX_DEPTH + 2))) is None
+
+
+def test_products_and_sums_are_bounded_by_their_result_not_their_operands():
+    # a product's bits are the sum of its factors' bits or one less: 2**49999 (50000 bits) times
+    # 2**50000 (50001 bits) is 2**99999, MAX_INT_BITS bits: computed
+    assert d1_arith_value("2**49999*2**50000") == 2**99999
+    assert d1_arith_value("2**50000*2**50000") == TOO_LARGE  # 2**100000: one bit more
+    assert d1_arith_value("3*7") == 21 and d1_arith_value("-3*7") == -21  # small products
+    # a sum of two large numbers is as large as its result says, whatever the size of its operands
+    assert d1_arith_value("2**60000+2**60000") == 2**60001
+    assert d1_arith_value("2**60000-2**60000") == 0
+
+
+def _refusing(monkeypatch, op):
+    """Replace the operation ``op`` by one that records its operands and computes nothing."""
+    calls = []
+    monkeypatch.setitem(arith._BINARY, op, lambda a, b: calls.append((a, b)) or 0)
+    return calls
+
+
+def test_a_product_sure_to_be_too_large_is_not_computed(monkeypatch):
+    # factors of a + b bits multiply to at least a + b - 1 bits: once a + b - 1 > MAX_INT_BITS the
+    # product is too large whatever the digits, and is refused before the multiplication
+    calls = _refusing(monkeypatch, ast.Mult)
+    assert d1_arith_value("2**50000*2**50000") == TOO_LARGE  # 50001 + 50001 bits
+    assert calls == []
+
+
+def test_a_power_sure_to_be_too_large_is_not_computed(monkeypatch):
+    # |base| of b bits to the power e is at least 2**((b - 1) e): refused before the power once
+    # (b - 1) e > MAX_INT_BITS, for the smallest base that grows (2) as for any other
+    calls = _refusing(monkeypatch, ast.Pow)
+    for expr in (f"2**{MAX_INT_BITS + 1}", f"(0-2)**{MAX_INT_BITS + 1}", f"3**{MAX_INT_BITS + 1}"):
+        assert d1_arith_value(expr) == TOO_LARGE, expr
+    assert calls == []

@@ -21,6 +21,7 @@ def test_last_box_with_its_command_and_braces_matched():
     assert d1_boxed_answer("so \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
     assert d1_boxed_answer("\\boxed{\\boxed{3}}") == "3"  # the last "\\boxed" is the inner one
     assert d1_boxed_answer("\\boxed{}") == ""
+    assert d1_boxed_answer("\\boxed{5} is it") == "5"  # a box at the very start
 
 
 def test_no_box_means_the_whole_text():
@@ -33,10 +34,14 @@ def test_boxed_with_a_space_wins_and_runs_to_the_next_dollar():
     assert d1_boxed_answer("\\boxed 12 is it") == "12 is it"
     # even when a braced box comes later
     assert d1_boxed_answer("\\boxed 3$ then \\boxed{4}") == "3"
+    assert d1_boxed_answer("\\boxed 1$ and \\boxed 2$") == "2"  # the last "\\boxed "
+    assert d1_boxed_answer("\\boxed 5$ x$") == "5"  # to the first "$" after it
 
 
 def test_fbox_keeps_its_command():
     assert d1_boxed_answer("\\fbox{5}") == "\\fbox{5}"
+    assert d1_boxed_answer("\\fbox{5} end") == "\\fbox{5}"  # at the very start
+    assert d1_boxed_answer("\\fbox{1} \\fbox{2}") == "\\fbox{2}"  # the last one
     assert d1_boxed_answer("\\fbox{5} \\boxed{6}") == "6"  # \\boxed first, \\fbox only without one
 
 
@@ -56,6 +61,8 @@ def test_unbox_only_strips_a_whole_box():
     assert d1_unbox("\\boxed{x}") == "x"
     assert d1_unbox("\\boxed{x} y") == "\\boxed{x} y"
     assert d1_unbox("plain") == "plain"
+    assert d1_unbox("x}") == "x}"  # a closing brace alone is no box
+    assert d1_unbox("x \\boxed 5") == "x \\boxed 5"  # "\\boxed " not at the start: unchanged
 
 
 @pytest.mark.parametrize(
@@ -80,6 +87,17 @@ def test_unbox_only_strips_a_whole_box():
         ("03/4", "03/4"),
         ("\\frac{1", "\\frac{1"),
         ("", ""),
+        # the rest of Hendrycks' strip_string, rule by rule
+        ("1\\!000\n", "1000"),  # newlines and "\\!" deleted
+        ("\\\\frac12", "\\frac{1}{2}"),  # "\\\\" -> "\\"
+        ("\\tfrac{3}{4}", "\\frac{3}{4}"),
+        ("90^{\\circ}", "90"),
+        ("x .5", "x0.5"),  # " ." -> " 0." (then the spaces go)
+        ("\\frac{.5}{2}", "\\frac{0.5}{2}"),  # "{." -> "{0."
+        ("\\sqrt12", "\\sqrt{1}2"),  # one character only
+        ("2\\sqrt{2}+\\sqrt3", "2\\sqrt{2}+\\sqrt{3}"),  # a braced root is kept
+        ("\\frac123", "\\frac{1}{2}3"),  # two characters, the rest follows
+        ("\\frac{1}{2}+\\frac34", "\\frac{1}{2}+\\frac{3}{4}"),  # every \\frac
     ],
 )
 def test_normalisation(raw, normal):

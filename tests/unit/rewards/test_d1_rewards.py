@@ -160,3 +160,75 @@ def test_format_scans_equal_d1s_regexes():
         assert d1.d1_soft_format_ok(text) == bool(soft.match(text)), text
         assert d1.d1_strict_format_ok(text) == bool(strict.match(text)), text
         assert d1.d1_last_answer_block(text) == (re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL) or [None])[-1]
+
+
+# ---- the readers and scores one by one ------------------------------------------------------------
+def test_hash_gold_is_between_the_first_two_hashes():
+    assert d1.d1_hash_gold("a #### 1 #### 2") == "1"
+    assert d1.d1_hash_gold(" 72 ") == "72"  # already extracted
+    assert d1.d1_hash_gold(72) == "72" and d1.d1_hash_gold(None) is None
+
+
+def test_countdown_score_edges():
+    # 1/100000 is the double nearest 1e-5, TOLERANCE itself: |value - 0| < 1e-5 fails by nothing
+    assert d1.d1_countdown_score("<answer>1/100000</answer>", [1, 100000], 0) == 0.1
+    assert d1.d1_countdown_score("<answer>1/100000</answer>", [1, 100000], 1e-5) == 1.0
+    # a target that is not a number: d1's except gives the format score, never the full one
+    assert d1.d1_countdown_score("<answer>1+2</answer>", [1, 2], "3") == 0.1
+    assert d1.d1_countdown_score("<answer>1+2</answer>", [1, 2], 3) == 1.0
+
+
+def test_sudoku_score_edges():
+    grid, puzzle = "4321124334122134", "4320004330100004"
+    assert d1.d1_sudoku_score("no block", puzzle, grid) == 0.0
+    assert d1.d1_sudoku_score(f"<answer>{grid}</answer>", grid, grid) == 0.0  # no empty cell
+    # a short grid is padded with "0" on the right: its first cells stay in place
+    assert d1.d1_sudoku_score("<answer>4321</answer>", "0" * 16, grid) == 4 / 16
+    assert d1.d1_sudoku_score(f"<answer>{grid[:8]}</answer>", puzzle, grid) == 3 / 8  # cells 3, 4, 5 of 8
+
+
+def test_math_score_gold_is_the_solutions_box_else_the_answer():
+    assert d1.d1_math_score("\\boxed{2}", "1", solution="work \\boxed{2}") == 2.0  # the solution's box wins
+    assert d1.d1_math_score("\\boxed{1}", "1", solution="work \\boxed{2}") == 0.0
+    assert d1.d1_math_score("\\boxed{2}", "2") == 2.0  # no solution: the answer
+    assert d1.d1_math_score("\\boxed{2}", "2", solution="") == 2.0  # an empty solution: the answer
+    assert d1.d1_math_score("\\boxed{2}", 2) == 0.0  # an answer that is not text: no gold
+    # a completion whose last box never closes is compared whole; here d1's "\\boxed " rule makes a gold
+    # that equals it ("\\boxed " runs to the next "$")
+    assert d1.d1_math_score("so \\boxed{5", "x", solution="\\boxed so \\boxed{5$") == 2.0
+
+
+def test_math_format_reads_the_first_answer_block_only():
+    assert d1.d1_math_format_score("<answer>a</answer>\x08oxed") == 0.75  # after the block
+    assert d1.d1_math_format_score("<answer>a</answer>\x08oxed</answer>") == 0.75  # after its first close
+    assert d1.d1_math_format_score("<answer>a<answer>\x08oxed</answer>") == 0.75  # in the second block
+    assert d1.d1_math_format_score("<answer>\x08oxed</answer> <answer>a</answer>") == 1.0
+
+
+def test_completions_that_are_not_a_list_score_nothing():
+    assert d1.d1_xml_count_reward([], "<reasoning>\n") == []  # a string is not a list of completions
+    assert d1.d1_xml_count_reward([], None) == []
+
+
+@pytest.mark.parametrize(
+    ("reward", "breaks", "fields"),
+    [
+        ("d1_xml_count_reward", "d1_xml_count", {}),
+        ("d1_soft_format_reward", "d1_soft_format_ok", {}),
+        ("d1_strict_format_reward", "d1_strict_format_ok", {}),
+        ("d1_int_reward", "d1_xml_answer", {}),
+        ("d1_gsm8k_correctness_reward", "d1_hash_gold", {"answer": "#### 1"}),
+        ("d1_countdown_reward", "d1_countdown_score", {"numbers": [1], "target": 1}),
+        ("d1_sudoku_reward", "d1_sudoku_score", {"puzzle": "0" * 16, "solution": "1" * 16}),
+        ("d1_math_correctness_reward", "d1_math_score", {"answer": "1"}),
+        ("d1_math_format_reward", "d1_math_format_score", {}),
+    ],
+)
+def test_a_failing_reward_scores_zero_and_names_itself(monkeypatch, caplog, reward, breaks, fields):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a reader's bug")
+
+    monkeypatch.setattr(d1, breaks, broken)
+    with caplog.at_level("WARNING", logger=d1.__name__):
+        assert _one(getattr(d1, reward), "<answer>1</answer>", **fields) == 0.0
+    assert [r.args[0] for r in caplog.records if r.name == d1.__name__] == [reward]  # which reward failed

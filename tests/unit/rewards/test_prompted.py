@@ -22,3 +22,5 @@ def test_until_end_token_cuts_at_the_first_of_either_token():
     assert until_end_token("a\n</answer><|eot_id|>\n\\boxed{0}<|eot_id|><|endoftext|>") == "a\n</answer>"
     assert until_end_token("a<|endoftext|>b<|eot_id|>") == "a"
     assert until_end_token("no token") == "no token"
+    # a turn that ends before it starts is empty, for either token
+    assert until_end_token("<|eot_id|>a") == "" and until_end_token("<|endoftext|>a<|eot_id|>") == ""

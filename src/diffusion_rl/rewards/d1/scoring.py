@@ -217,16 +217,15 @@ def _after_answer(text: str) -> str:
 
 
 def _after_close(text: str) -> str:
-    """``</answer>\\s*(.*?)(?:<|eot_id|>|<|endoftext|>|$)`` (DOTALL), stripped; ``$`` also matches
-    before a final newline."""
+    """``</answer>\\s*(.*?)(?:<|eot_id|>|<|endoftext|>|$)`` (DOTALL), stripped. (``$`` also matches
+    before a final newline: that newline is stripped all the same, so the text's end stands for both.)"""
     close = text.find(ANSWER_CLOSE)
     if close < 0:
         return ""
     body = close + len(ANSWER_CLOSE)
     while body < len(text) and text[body].isspace():
         body += 1
-    string_end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= body else len(text)
-    return text[body : _first_of(text, body, LLADA_END_TOKENS, string_end)].strip()
+    return text[body : _first_of(text, body, LLADA_END_TOKENS, len(text))].strip()
 
 
 def _grid_search(regex: re.Pattern[str]) -> Callable[[str], str]:
