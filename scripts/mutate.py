@@ -649,6 +649,7 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "diffusion_rl.rl.objectives.bgpo.xǁBGPOǁloss_parts__mutmut_147": (
         "metrics.update(self.extra_metrics(None))", "BGPO keeps the template's extra_metrics, which reads no context"),
     # rl/objectives/justgrpo.py
+    "diffusion_rl.rl.objectives.justgrpo.xǁJustGRPOǁcompute_old_logp__mutmut_5": ("self.tokens(ctx).to(None)", "a 0/1 mask multiplies the log-probs to the same values as its copy in their dtype"),
     "diffusion_rl.rl.objectives.justgrpo.x_justgrpo_loss__mutmut_26": (
         "C = (groups + cfg.norm_groups + 1) // cfg.norm_groups",
         "a chunk more than there are: it holds no group, and its scale is never read (scale[chunk])"),
