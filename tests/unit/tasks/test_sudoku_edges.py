@@ -24,6 +24,7 @@ from diffusion_rl.tasks.sudoku import (
 
 GRID = "3142243142131324"
 PUZZLE = "3102200002100320"  # 8 empty cells
+WRONG = GRID[:2] + ("1" if GRID[2] != "1" else "2") + GRID[3:]  # cell 2, empty in PUZZLE, wrong: 7 of 8 right
 
 
 # ---- answer_cells: the cells each token supplies --------------------------------------------------
@@ -103,8 +104,7 @@ def test_count_solutions_refuses_a_puzzle_of_digits_with_the_wrong_length():
 def test_correctness_is_the_cell_reward_at_one_and_pairs_completions_with_items():
     task = SudokuTask(SudokuConfig(num_train=8))
     item = {"puzzle": PUZZLE, "solution": GRID}
-    wrong = GRID[:2] + ("1" if GRID[2] != "1" else "2") + GRID[3:]  # cell 2 is empty in PUZZLE
-    assert task.correctness([GRID, f"<answer>{GRID}</answer>", wrong], [item] * 3) == [True, True, False]
+    assert task.correctness([GRID, f"<answer>{GRID}</answer>", WRONG], [item] * 3) == [True, True, False]
     with pytest.raises(ValueError):
         task.correctness([GRID, GRID], [item])
 
@@ -112,7 +112,7 @@ def test_correctness_is_the_cell_reward_at_one_and_pairs_completions_with_items(
 def test_correctness_reads_every_cell_of_a_multi_grid_item():
     task = MultiSudokuTask(MultiSudokuConfig(grids=2, num_train=8, num_val=4, num_test=4))
     item = {"puzzle": PUZZLE * 2, "solution": GRID * 2}
-    wrong_second = GRID + GRID[:2] + ("1" if GRID[2] != "1" else "2") + GRID[3:]
+    wrong_second = GRID + WRONG
     assert task.correctness([GRID * 2, wrong_second], [item, item]) == [True, False]
 
 
@@ -134,10 +134,9 @@ def test_the_reward_presets_name_their_function_and_weight():
 
 def test_d1s_reward_scores_a_bare_grid_as_if_tagged_and_a_tagged_text_as_it_is():
     fields = {"puzzle": [PUZZLE] * 3, "solution": [GRID] * 3}
-    wrong = GRID[:2] + ("1" if GRID[2] != "1" else "2") + GRID[3:]  # 1 of the 8 empty cells wrong
     # d1 reads the last closed <answer> block: a bare grid is wrapped in one; a text with an open tag
     # is left as it is, so an answer never closed scores 0 (wrapped again, it would read the grid)
-    got = _d1_cell_reward(["p"] * 3, [GRID, wrong, f"<answer>{GRID}"], **fields)
+    got = _d1_cell_reward(["p"] * 3, [GRID, WRONG, f"<answer>{GRID}"], **fields)
     assert got == [1.0, 7 / 8, 0.0]
 
 
